@@ -1,0 +1,37 @@
+# Third-party libraries. Each is found, never vendored; scripts/install-deps.sh
+# installs them on a fresh machine.
+
+# LibTorch comes from the Python `torch` wheel; ask that interpreter where it is.
+if(NOT Torch_DIR AND NOT CMAKE_PREFIX_PATH MATCHES "torch")
+  find_package(Python3 COMPONENTS Interpreter REQUIRED)
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _torch_rc ERROR_QUIET)
+  if(NOT _torch_rc EQUAL 0)
+    message(FATAL_ERROR "gradscope: `${Python3_EXECUTABLE} -c 'import torch'` failed; "
+                        "run scripts/install-deps.sh (it installs torch==2.11.0 from PyPI)")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+endif()
+find_package(Torch REQUIRED)
+# torch's config appends its flags to CMAKE_CXX_FLAGS; targets use TORCH_LIBRARIES.
+message(STATUS "gradscope: torch ${Torch_VERSION} from ${Torch_DIR}")
+
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+
+# toml++ is used header-only: Debian puts it in /usr/include, the GPU machine
+# gets the headers carried in .devdeps (see shared device notes).
+find_path(GRADSCOPE_TOMLPP_INCLUDE_DIR toml++/toml.h HINTS ${CMAKE_SOURCE_DIR}/.devdeps/usr/include)
+if(NOT GRADSCOPE_TOMLPP_INCLUDE_DIR)
+  message(FATAL_ERROR "gradscope: toml++ not found (apt-get install libtomlplusplus-dev)")
+endif()
+add_library(gradscope_tomlplusplus INTERFACE)
+target_include_directories(gradscope_tomlplusplus SYSTEM INTERFACE ${GRADSCOPE_TOMLPP_INCLUDE_DIR})
+target_compile_definitions(gradscope_tomlplusplus INTERFACE TOML_HEADER_ONLY=1 TOML_EXCEPTIONS=1)
+
+if(GRADSCOPE_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,34 @@
+// One runner per case kind behind one interface; runner_registry.cpp lists them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/case_spec.h"
+#include "reports/report_types.h"
+
+namespace gradscope {
+
+class CaseRunner {
+ public:
+  virtual ~CaseRunner() = default;
+  virtual std::string kind() const = 0;
+  // The kind's own fields (besides kind, seed, dtype, device).
+  virtual std::vector<FieldSpec> fields() const = 0;
+  // The id encodes the configuration, so a failing line says what failed.
+  virtual std::string case_id(const CaseSpec& spec) const = 0;
+  // Cross-field rules (impossible shapes); throws InputError naming the field.
+  virtual void validate(const CaseSpec& spec) const = 0;
+  // Runs prod and the reference and returns every check, paths prefixed by `id`.
+  virtual std::vector<report::Check> run(const CaseSpec& spec, const std::string& id) const = 0;
+};
+
+// nullptr for an unknown kind.
+const CaseRunner* find_runner(const std::string& kind);
+std::vector<std::string> runner_kinds();
+
+// Factories, one per kind (defined in each runner's file).
+std::unique_ptr<CaseRunner> make_dequant_runner();
+
+}  // namespace gradscope

@@ -1,0 +1,318 @@
+#include "harness/case_spec.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "harness/case_runner.h"
+#include "harness/input_error.h"
+
+namespace gradscope {
+namespace {
+
+using report::SpecValue;
+
+const char* toml_type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date/time";
+  }
+}
+
+std::string where(const std::string& file, const toml::source_region& src) {
+  return file + ":" + std::to_string(src.begin.line);
+}
+
+const FieldSpec* find_field(const std::vector<FieldSpec>& schema, const std::string& name) {
+  for (const auto& f : schema) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+std::string known_keys(const std::vector<FieldSpec>& schema) {
+  std::string out;
+  for (const auto& f : schema) out += (out.empty() ? "" : ", ") + f.name;
+  return out + ", matrix, description";
+}
+
+SpecValue from_toml(const FieldSpec& field, const toml::node& node, const std::string& at) {
+  const bool ok = (field.type == FieldType::kInt && node.is_integer()) ||
+                  (field.type == FieldType::kFloat && (node.is_floating_point() || node.is_integer())) ||
+                  (field.type == FieldType::kBool && node.is_boolean()) ||
+                  (field.type == FieldType::kString && node.is_string());
+  if (!ok) {
+    throw InputError(at + ": key '" + field.name + "' must be " + field_type_name(field.type) +
+                     ", got " + toml_type_name(node.type()));
+  }
+  SpecValue value;
+  switch (field.type) {
+    case FieldType::kInt:
+      value = node.as_integer()->get();
+      break;
+    case FieldType::kFloat:
+      value = node.is_integer() ? static_cast<double>(node.as_integer()->get())
+                                : node.as_floating_point()->get();
+      break;
+    case FieldType::kBool:
+      value = node.as_boolean()->get();
+      break;
+    case FieldType::kString:
+      value = node.as_string()->get();
+      break;
+  }
+  validate_field(field, value, at);
+  return value;
+}
+
+SpecValue parse_text(const FieldSpec& field, const std::string& text, const std::string& at) {
+  try {
+    size_t used = 0;
+    switch (field.type) {
+      case FieldType::kInt: {
+        const long long v = std::stoll(text, &used);
+        if (used == text.size()) return static_cast<int64_t>(v);
+        break;
+      }
+      case FieldType::kFloat: {
+        const double v = std::stod(text, &used);
+        if (used == text.size()) return v;
+        break;
+      }
+      case FieldType::kBool:
+        if (text == "true") return true;
+        if (text == "false") return false;
+        break;
+      case FieldType::kString:
+        return text;
+    }
+  } catch (const std::exception&) {
+  }
+  throw InputError(at + ": '" + text + "' is not " + field_type_name(field.type));
+}
+
+void validate_case(const CaseSpec& spec) {
+  const CaseRunner* runner = find_runner(spec.kind);
+  runner->validate(spec);
+}
+
+}  // namespace
+
+std::string field_type_name(FieldType type) {
+  switch (type) {
+    case FieldType::kInt:
+      return "an integer";
+    case FieldType::kFloat:
+      return "a number";
+    case FieldType::kBool:
+      return "a boolean";
+    case FieldType::kString:
+      return "a string";
+  }
+  return "?";
+}
+
+void validate_field(const FieldSpec& field, const SpecValue& value, const std::string& at) {
+  if (!field.choices.empty()) {
+    bool found = false;
+    std::string allowed;
+    for (const auto& c : field.choices) {
+      found = found || c == value;
+      allowed += (allowed.empty() ? "" : ", ") + report::format_spec_value(c);
+    }
+    if (!found) {
+      throw InputError(at + ": key '" + field.name + "' is " + report::format_spec_value(value) +
+                       "; expected one of " + allowed);
+    }
+  }
+  double number = 0;
+  if (const auto* i = std::get_if<int64_t>(&value)) number = static_cast<double>(*i);
+  if (const auto* d = std::get_if<double>(&value)) number = *d;
+  if (std::holds_alternative<double>(value) && !std::isfinite(number)) {
+    throw InputError(at + ": key '" + field.name + "' must be finite");
+  }
+  if ((field.min && number < *field.min) || (field.max && number > *field.max)) {
+    std::ostringstream msg;
+    msg << at << ": key '" << field.name << "' is " << report::format_spec_value(value)
+        << "; expected a value in [" << (field.min ? std::to_string(*field.min) : "-inf") << ", "
+        << (field.max ? std::to_string(*field.max) : "inf") << "]";
+    throw InputError(msg.str());
+  }
+}
+
+const std::vector<FieldSpec>& common_fields() {
+  static const std::vector<FieldSpec> fields = {
+      FieldSpec("kind", FieldType::kString, std::string(), "case kind (required)"),
+      FieldSpec("seed", FieldType::kInt, int64_t{1}, "case seed; every tensor has its own stream")
+          .in_range(0, 9.0e15),
+      FieldSpec("dtype", FieldType::kString, std::string("fp32"), "activation / output dtype")
+          .one_of({std::string("fp32"), std::string("fp16"), std::string("bf16")}),
+      FieldSpec("device", FieldType::kString, std::string("cpu"), "where prod runs")
+          .one_of({std::string("cpu"), std::string("cuda")}),
+  };
+  return fields;
+}
+
+std::vector<FieldSpec> schema_for_kind(const std::string& kind) {
+  std::vector<FieldSpec> schema = common_fields();
+  if (const CaseRunner* runner = find_runner(kind)) {
+    for (auto& f : runner->fields()) schema.push_back(std::move(f));
+  }
+  return schema;
+}
+
+const SpecValue& CaseSpec::get(const std::string& name) const {
+  for (const auto& [n, v] : fields_) {
+    if (n == name) return v;
+  }
+  throw std::logic_error("case spec has no field '" + name + "'");
+}
+
+int64_t CaseSpec::get_int(const std::string& name) const { return std::get<int64_t>(get(name)); }
+double CaseSpec::get_float(const std::string& name) const { return std::get<double>(get(name)); }
+bool CaseSpec::get_bool(const std::string& name) const { return std::get<bool>(get(name)); }
+const std::string& CaseSpec::get_string(const std::string& name) const {
+  return std::get<std::string>(get(name));
+}
+
+const std::string& CaseSpec::origin(const std::string& name) const {
+  static const std::string unknown = "?";
+  auto it = origins_.find(name);
+  return it == origins_.end() ? unknown : it->second;
+}
+
+void CaseSpec::set(const std::string& name, SpecValue value, std::string origin) {
+  origins_[name] = std::move(origin);
+  for (auto& [n, v] : fields_) {
+    if (n == name) {
+      v = std::move(value);
+      return;
+    }
+  }
+  fields_.emplace_back(name, std::move(value));
+}
+
+void throw_field_error(const CaseSpec& spec, const std::string& field, const std::string& problem) {
+  throw InputError(spec.origin(field) + ": " + field + " " + problem);
+}
+
+std::vector<CaseSpec> load_case_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(path + ": case file not found");
+  }
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
+                     ": malformed TOML: " + std::string(e.description()));
+  }
+
+  const toml::node* kind_node = table.get("kind");
+  if (!kind_node || !kind_node->is_string()) {
+    throw InputError(path + ": missing key 'kind' (a string: one of " + [] {
+      std::string k;
+      for (const auto& n : runner_kinds()) k += (k.empty() ? "" : ", ") + n;
+      return k;
+    }() + ")");
+  }
+  const std::string kind = kind_node->as_string()->get();
+  if (!find_runner(kind)) {
+    std::string k;
+    for (const auto& n : runner_kinds()) k += (k.empty() ? "" : ", ") + n;
+    throw InputError(where(path, kind_node->source()) + ": unknown kind '" + kind +
+                     "'; expected one of " + k);
+  }
+  const auto schema = schema_for_kind(kind);
+
+  CaseSpec base;
+  base.kind = kind;
+  base.file = path;
+  for (const auto& f : schema) base.set(f.name, f.default_value, "default");
+  base.set("kind", kind, where(path, kind_node->source()));
+
+  std::vector<std::pair<const FieldSpec*, std::vector<std::pair<SpecValue, std::string>>>> axes;
+  for (auto&& [key, node] : table) {
+    const std::string name(key.str());
+    const std::string at = where(path, key.source());
+    if (name == "kind") continue;
+    if (name == "description") {
+      if (!node.is_string()) throw InputError(at + ": key 'description' must be a string");
+      continue;
+    }
+    if (name == "matrix") {
+      if (!node.is_table()) throw InputError(at + ": key 'matrix' must be a table of arrays");
+      for (auto&& [mkey, mnode] : *node.as_table()) {
+        const std::string mname(mkey.str());
+        const std::string mat = where(path, mkey.source());
+        const FieldSpec* field = find_field(schema, mname);
+        if (!field || mname == "kind") {
+          throw InputError(mat + ": unknown key 'matrix." + mname + "' for kind '" + kind +
+                           "' (known: " + known_keys(schema) + ")");
+        }
+        if (table.contains(mname)) {
+          throw InputError(mat + ": key '" + mname + "' is set both at the top level and in [matrix]");
+        }
+        if (!mnode.is_array() || mnode.as_array()->empty()) {
+          throw InputError(mat + ": key 'matrix." + mname + "' must be a non-empty array");
+        }
+        std::vector<std::pair<SpecValue, std::string>> values;
+        for (const auto& element : *mnode.as_array()) {
+          values.emplace_back(from_toml(*field, element, mat), mat);
+        }
+        axes.emplace_back(field, std::move(values));
+      }
+      continue;
+    }
+    const FieldSpec* field = find_field(schema, name);
+    if (!field) {
+      throw InputError(at + ": unknown key '" + name + "' for kind '" + kind +
+                       "' (known: " + known_keys(schema) + ")");
+    }
+    base.set(name, from_toml(*field, node, at), at);
+  }
+
+  // Cartesian product of the matrix axes, the first axis varying slowest.
+  std::vector<CaseSpec> cases{base};
+  for (const auto& [field, values] : axes) {
+    std::vector<CaseSpec> next;
+    for (const auto& c : cases) {
+      for (const auto& [value, at] : values) {
+        CaseSpec expanded = c;
+        expanded.set(field->name, value, at);
+        next.push_back(std::move(expanded));
+      }
+    }
+    cases = std::move(next);
+  }
+  for (const auto& c : cases) validate_case(c);
+  return cases;
+}
+
+void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
+                    const std::string& flag) {
+  const auto schema = schema_for_kind(spec.kind);
+  const FieldSpec* field = find_field(schema, name);
+  if (!field) throw std::logic_error("override of unknown field " + name);
+  const SpecValue value = parse_text(*field, text, flag);
+  validate_field(*field, value, flag);
+  spec.set(name, value, flag);
+  validate_case(spec);
+}
+
+}  // namespace gradscope

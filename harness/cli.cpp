@@ -1,0 +1,238 @@
+#include "harness/cli.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fnmatch.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+#include "gradscope/dequant.h"
+#include "harness/case_runner.h"
+#include "harness/case_spec.h"
+#include "harness/environment.h"
+#include "harness/input_error.h"
+#include "reports/atomic_file.h"
+#include "reports/console_report.h"
+#include "reports/json_report.h"
+
+#ifndef GRADSCOPE_DEFAULT_CASES_DIR
+#define GRADSCOPE_DEFAULT_CASES_DIR "cases"
+#endif
+#ifndef GRADSCOPE_VERSION
+#define GRADSCOPE_VERSION "0.0.0"
+#endif
+
+namespace gradscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Selection {
+  std::vector<std::string> files;
+  std::string suite;
+  std::string filter;
+  std::string cases_dir;
+  std::string device, dtype;
+  int64_t seed = -1;
+};
+
+std::string cases_dir(const Selection& sel) {
+  if (!sel.cases_dir.empty()) return sel.cases_dir;
+  if (const char* env = std::getenv("GRADSCOPE_CASES_DIR")) return env;
+  return GRADSCOPE_DEFAULT_CASES_DIR;
+}
+
+std::vector<std::string> suite_files(const std::string& dir, const std::string& suite) {
+  const fs::path folder = fs::path(dir) / suite;
+  std::error_code ec;
+  if (suite.empty() || suite.find("..") != std::string::npos || !fs::is_directory(folder, ec)) {
+    std::string available;
+    if (fs::is_directory(dir, ec)) {
+      std::set<std::string> names;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.is_directory()) names.insert(e.path().filename().string());
+      }
+      for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
+    }
+    throw InputError("unknown suite '" + suite + "' (no folder " + folder.string() +
+                     "); available suites: " + (available.empty() ? "none" : available));
+  }
+  std::vector<std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(folder, ec)) {
+    if (e.is_regular_file() && e.path().extension() == ".toml") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw InputError("suite '" + suite + "' (" + folder.string() + ") holds no .toml case files");
+  return files;
+}
+
+struct SelectedCase {
+  CaseSpec spec;
+  std::string id;
+};
+
+std::vector<SelectedCase> select_cases(const Selection& sel) {
+  std::vector<std::string> files = sel.files;
+  if (!sel.suite.empty() || files.empty()) {
+    const auto more = suite_files(cases_dir(sel), sel.suite.empty() ? "smoke" : sel.suite);
+    files.insert(files.end(), more.begin(), more.end());
+  }
+  std::vector<SelectedCase> selected;
+  std::set<std::string> seen;
+  for (const auto& file : files) {
+    for (auto& spec : load_case_file(file)) {
+      if (!sel.device.empty()) override_field(spec, "device", sel.device, "--device");
+      if (!sel.dtype.empty()) override_field(spec, "dtype", sel.dtype, "--dtype");
+      if (sel.seed >= 0) override_field(spec, "seed", std::to_string(sel.seed), "--seed");
+      std::string id = find_runner(spec.kind)->case_id(spec);
+      if (!sel.filter.empty() && fnmatch(sel.filter.c_str(), id.c_str(), 0) != 0) continue;
+      if (!seen.insert(id).second) continue;  // an override can make two cases identical
+      selected.push_back({std::move(spec), std::move(id)});
+    }
+  }
+  if (selected.empty()) {
+    throw InputError(sel.filter.empty() ? "no cases selected"
+                                        : "no case id matches --filter '" + sel.filter + "'");
+  }
+  return selected;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+report::CaseResult run_case(const SelectedCase& sc, const std::string& program) {
+  report::CaseResult result;
+  result.id = sc.id;
+  result.kind = sc.spec.kind;
+  result.source = sc.spec.file;
+  result.spec = sc.spec.fields();
+  result.replay = program + " run " + shell_quote(sc.spec.file) + " --filter " +
+                  shell_quote(sc.id) + " --device " + sc.spec.get_string("device") + " --dtype " +
+                  sc.spec.get_string("dtype") + " --seed " +
+                  std::to_string(sc.spec.get_int("seed"));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    result.checks = find_runner(sc.spec.kind)->run(sc.spec, sc.id);
+  } catch (const c10::Error& e) {
+    report::Check error;
+    error.path = sc.id + "/error";
+    error.failure = sc.id + ": prod raised an error: " + e.what_without_backtrace();
+    result.checks.push_back(error);
+  } catch (const std::exception& e) {
+    report::Check error;
+    error.path = sc.id + "/error";
+    error.failure = sc.id + ": the case raised an error: " + e.what();
+    result.checks.push_back(error);
+  }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+void check_output_path(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  const fs::path parent = fs::absolute(path).parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) {
+    throw InputError(std::string(flag) + " " + path + ": folder " + parent.string() +
+                     " does not exist");
+  }
+}
+
+int command_run(const Selection& sel, const std::string& json_path, bool quiet,
+                const std::string& program) {
+  check_output_path(json_path, "--json");
+  const auto selected = select_cases(sel);
+  bool any_cuda = false;
+  for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
+  if (any_cuda && !cuda_usable()) {
+    throw InputError(std::string("device 'cuda' requested but ") +
+                     (built_with_cuda() ? "no CUDA GPU is visible to torch"
+                                        : "this build has no CUDA kernels (GRADSCOPE_WITH_CUDA=OFF)"));
+  }
+  report::RunReport report;
+  report.version = GRADSCOPE_VERSION;
+  report.environment = probe_environment(any_cuda ? "cuda" : "cpu");
+  const report::ConsoleOptions console{quiet};
+  for (const auto& sc : selected) {
+    report.cases.push_back(run_case(sc, program));
+    report::print_case(std::cout, report.cases.back(), console);
+  }
+  report::print_summary(std::cout, report);
+  if (!json_path.empty()) {
+    report::write_file_atomically(json_path, report::to_json(report).dump(2) + "\n");
+  }
+  return report.failed() == 0 ? 0 : 1;
+}
+
+int command_list(const Selection& sel) {
+  for (const auto& sc : select_cases(sel)) std::cout << sc.id << '\n';
+  return 0;
+}
+
+void add_selection_options(CLI::App* cmd, Selection& sel) {
+  cmd->add_option("cases", sel.files, "case files (TOML)");
+  cmd->add_option("--suite", sel.suite, "suite name: the folder cases/NAME (default smoke)");
+  cmd->add_option("--filter", sel.filter, "only case ids matching this glob");
+  cmd->add_option("--cases-dir", sel.cases_dir,
+                  "folder holding the suites (default $GRADSCOPE_CASES_DIR or the source tree's cases/)");
+  cmd->add_option("--device", sel.device, "override every case's device")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--dtype", sel.dtype, "override every case's dtype")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  cmd->add_option("--seed", sel.seed, "override every case's seed")->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace
+
+int run_cli(int argc, const char* const* argv) {
+  CLI::App app{"gradscope: proves quantized-LoRA training kernels compute the right gradients"};
+  app.require_subcommand(1);
+  Selection run_sel, list_sel;
+  std::string json_path;
+  bool quiet = false;
+  auto* run = app.add_subcommand("run", "run cases and compare prod against the fp64 reference");
+  add_selection_options(run, run_sel);
+  run->add_option("--json", json_path, "write the JSON report to FILE");
+  run->add_flag("--quiet", quiet, "print only failing cases and the summary");
+  auto* list = app.add_subcommand("list", "print the id of every selected case");
+  add_selection_options(list, list_sel);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "gradscope: error: " << e.what() << "\n(run gradscope --help for usage)\n";
+    return 2;
+  }
+  const std::string program = argc > 0 ? argv[0] : "gradscope";
+  try {
+    if (run->parsed()) return command_run(run_sel, json_path, quiet, program);
+    return command_list(list_sel);
+  } catch (const InputError& e) {
+    std::cerr << "gradscope: error: " << e.what() << '\n';
+    return 2;
+  } catch (const std::runtime_error& e) {  // e.g. an output file that cannot be written
+    std::cerr << "gradscope: error: " << e.what() << '\n';
+    return 2;
+  }
+}
+
+int run_cli(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"gradscope"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return run_cli(static_cast<int>(argv.size()), argv.data());
+}
+
+}  // namespace gradscope

@@ -1,0 +1,128 @@
+#include "harness/compare.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <sstream>
+
+namespace gradscope {
+namespace {
+
+std::string format_index(const std::vector<int64_t>& index) {
+  std::string s = "(";
+  for (size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
+  return s + ")";
+}
+
+std::string g(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// Same-width integer view so floats compare by bit pattern (+0 vs -0, NaN payloads).
+at::Tensor bit_pattern(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf:
+    case at::kBFloat16:
+      return t.view(at::kShort);
+    case at::kFloat:
+      return t.view(at::kInt);
+    case at::kDouble:
+      return t.view(at::kLong);
+    default:
+      return t;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> unravel_index(int64_t flat, at::IntArrayRef shape) {
+  std::vector<int64_t> index(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  return index;
+}
+
+report::Check compare_exact(const std::string& path, const std::string& compared,
+                            const at::Tensor& prod_in, const at::Tensor& ref_in,
+                            const ElementDescriber& describe) {
+  report::Check check;
+  check.path = path;
+  check.exact = true;
+  check.compared = compared;
+  check.limit = 0;
+  const auto prod = prod_in.detach().cpu().contiguous();
+  const auto ref = ref_in.detach().cpu().contiguous();
+  check.numel = prod.numel();
+  if (prod.sizes() != ref.sizes()) {
+    std::ostringstream msg;
+    msg << path << ": shape mismatch (" << compared << "): prod " << prod.sizes() << ", ref "
+        << ref.sizes();
+    check.failure = msg.str();
+    check.mismatches = check.numel;
+    return check;
+  }
+  const auto ref_rounded = ref.to(prod.scalar_type()).contiguous();
+  const auto differs = bit_pattern(prod).ne(bit_pattern(ref_rounded));
+  check.mismatches = differs.sum().item<int64_t>();
+  const auto diff = (prod.to(at::kDouble) - ref_rounded.to(at::kDouble)).abs();
+  check.max_abs = check.numel ? diff.max().item<double>() : 0.0;
+  check.mean_abs = check.numel ? diff.mean().item<double>() : 0.0;
+  const bool degenerate = check.numel == 0 || ref.to(at::kDouble).abs().max().item<double>() == 0.0;
+  check.passed = check.mismatches == 0 && !degenerate;
+  if (check.passed) return check;
+
+  std::ostringstream msg;
+  if (degenerate) {
+    msg << path << ": degenerate comparison (" << compared
+        << "): the reference is empty or all zero, so equality proves nothing";
+    check.failure = msg.str();
+    return check;
+  }
+  // Worst element: the largest difference among mismatching elements.
+  const auto score = diff.masked_fill(differs.logical_not(), -1.0);
+  const int64_t flat = score.argmax().item<int64_t>();
+  report::WorstElement worst;
+  worst.index = unravel_index(flat, prod.sizes());
+  worst.prod = prod.to(at::kDouble).view(-1)[flat].item<double>();
+  worst.ref = ref_rounded.to(at::kDouble).view(-1)[flat].item<double>();
+  const double fp64 = ref.to(at::kDouble).view(-1)[flat].item<double>();
+  if (fp64 != worst.ref) worst.ref_fp64 = fp64;
+  if (describe) worst.detail = describe(worst.index);
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.3g%%", 100.0 * check.mismatches / check.numel);
+  msg << path << ": not bit-exact (" << compared << ")\n"
+      << "        Mismatched elements: " << check.mismatches << " / " << check.numel << " (" << pct
+      << ")\n"
+      << "        Greatest absolute difference: " << g(check.max_abs) << " at index "
+      << format_index(worst.index) << " (up to 0 allowed)\n"
+      << "        at " << format_index(worst.index) << ": prod " << g(worst.prod) << ", ref "
+      << g(worst.ref);
+  if (worst.ref_fp64) msg << " (fp64 " << g(*worst.ref_fp64) << ")";
+  if (!worst.detail.empty()) msg << "; " << worst.detail;
+  check.worst = worst;
+  check.failure = msg.str();
+  return check;
+}
+
+report::Check expect_rejection(const std::string& path, const std::string& compared,
+                               bool rejected, const std::string& detail) {
+  report::Check check;
+  check.path = path;
+  check.exact = true;
+  check.compared = compared;
+  check.numel = 1;
+  check.mismatches = rejected ? 0 : 1;
+  check.max_abs = rejected ? 0 : 1;
+  check.passed = rejected;
+  if (!rejected) {
+    check.failure = path + ": expected a refusal (" + compared + ") but the operation proceeded" +
+                    (detail.empty() ? "" : "; " + detail);
+  }
+  return check;
+}
+
+}  // namespace gradscope

@@ -1,0 +1,32 @@
+// Comparison of prod against the fp64 reference, producing report::Check records
+// with assert_close-style failure messages.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reports/report_types.h"
+
+namespace gradscope {
+
+// Describes one element for a failure message, e.g. "code 7, zero 8, group 3".
+using ElementDescriber = std::function<std::string(const std::vector<int64_t>& index)>;
+
+// Exact mode: `ref` (fp64 or int64) is rounded once to prod's dtype and every
+// element must match bit for bit. A reference that is all zero fails (a
+// degenerate comparison proves nothing).
+report::Check compare_exact(const std::string& path, const std::string& compared,
+                            const at::Tensor& prod, const at::Tensor& ref,
+                            const ElementDescriber& describe = {});
+
+// A check that an operation refused its input (and did not silently proceed).
+report::Check expect_rejection(const std::string& path, const std::string& compared,
+                               bool rejected, const std::string& detail);
+
+// Unravels a flat index of a contiguous tensor with the given shape.
+std::vector<int64_t> unravel_index(int64_t flat, at::IntArrayRef shape);
+
+}  // namespace gradscope

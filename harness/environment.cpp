@@ -1,0 +1,33 @@
+#include "harness/environment.h"
+
+#include <ATen/Context.h>
+#include <torch/version.h>
+
+#include "gradscope/dequant.h"
+
+#ifdef GRADSCOPE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace gradscope {
+
+bool cuda_usable() { return built_with_cuda() && at::hasCUDA(); }
+
+report::Environment probe_environment(const std::string& device) {
+  report::Environment env;
+  env.device = device;
+  env.torch = TORCH_VERSION;
+  env.compiler = "g++ " __VERSION__;
+#ifdef GRADSCOPE_WITH_CUDA
+  if (cuda_usable()) {
+    env.gpu = at::cuda::getCurrentDeviceProperties()->name;
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    env.cuda = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
+  }
+#endif
+  return env;
+}
+
+}  // namespace gradscope

@@ -1,0 +1,49 @@
+#include "harness/tensor_bridge.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace gradscope::bridge {
+namespace {
+
+template <typename T, typename Source>
+std::vector<T> to_vector(const at::Tensor& t) {
+  const auto c = t.detach().cpu().contiguous();
+  const Source* p = c.data_ptr<Source>();
+  std::vector<T> out(c.numel());
+  for (int64_t i = 0; i < c.numel(); ++i) std::memcpy(&out[i], &p[i], sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+reference::GptqLayer to_reference(const GptqWeight& w) {
+  reference::GptqLayer l;
+  l.bits = w.bits;
+  l.v1_zero_minus_one = w.format == ZeroPointFormat::kGptqV1;
+  l.in_features = w.in_features();
+  l.out_features = w.out_features();
+  l.groups = w.scales.size(0);
+  static_assert(sizeof(int32_t) == sizeof(uint32_t));
+  l.qweight = to_vector<uint32_t, int32_t>(as_packed_words(w.qweight, "qweight"));
+  l.qzeros = to_vector<uint32_t, int32_t>(as_packed_words(w.qzeros, "qzeros"));
+  const auto scales = w.scales.detach().cpu().to(at::kDouble).contiguous();
+  l.scales.assign(scales.data_ptr<double>(), scales.data_ptr<double>() + scales.numel());
+  l.g_idx = to_vector<int32_t, int32_t>(w.g_idx);
+  return l;
+}
+
+at::Tensor to_tensor(const reference::Matrix& m) {
+  auto t = at::empty({m.rows(), m.cols()}, at::kDouble);
+  std::memcpy(t.data_ptr<double>(), m.data(), sizeof(double) * m.size());
+  return t;
+}
+
+at::Tensor to_tensor(const reference::IntMatrix& m) {
+  auto t = at::empty({m.rows(), m.cols()}, at::kLong);
+  std::memcpy(t.data_ptr<int64_t>(), m.data(), sizeof(int64_t) * m.size());
+  return t;
+}
+
+}  // namespace gradscope::bridge

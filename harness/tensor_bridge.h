@@ -1,0 +1,18 @@
+// The one place where torch tensors and the reference's Eigen matrices / plain
+// arrays meet.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "gradscope/gptq_format.h"
+#include "reference/gptq_reference.h"
+
+namespace gradscope::bridge {
+
+// Copies the packed words, scales and g_idx of a layer into the reference's form.
+reference::GptqLayer to_reference(const GptqWeight& weight);
+
+at::Tensor to_tensor(const reference::Matrix& m);     // fp64 [rows, cols]
+at::Tensor to_tensor(const reference::IntMatrix& m);  // int64 [rows, cols]
+
+}  // namespace gradscope::bridge

@@ -1,0 +1,71 @@
+// ATen glue for the CUDA dequant kernel: allocation, stream, error mapping.
+#include <ATen/ATen.h>
+
+#include "dequant_impl.h"
+
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "dequant_cuda_launch.h"
+#endif
+
+namespace gradscope {
+
+bool built_with_cuda() {
+#ifdef GRADSCOPE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace detail {
+
+#ifdef GRADSCOPE_WITH_CUDA
+namespace {
+cuda::ElementType element_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return cuda::ElementType::kFloat32;
+    case at::kHalf:
+      return cuda::ElementType::kFloat16;
+    default:
+      return cuda::ElementType::kBFloat16;
+  }
+}
+}  // namespace
+
+at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtype,
+                                DequantLayout layout) {
+  const c10::cuda::CUDAGuard guard(in.qweight.device());
+  const int64_t K = in.in_features, N = in.out_features;
+  const auto options = in.qweight.options().dtype(out_dtype);
+  auto out = layout == DequantLayout::kInOut ? at::empty({K, N}, options)
+                                             : at::empty({N, K}, options);
+  cuda::DequantLaunch args{reinterpret_cast<const uint32_t*>(in.qweight.data_ptr<int32_t>()),
+                           reinterpret_cast<const uint32_t*>(in.qzeros.data_ptr<int32_t>()),
+                           in.scales.data_ptr(),
+                           in.g_idx.data_ptr<int32_t>(),
+                           out.data_ptr(),
+                           K,
+                           N,
+                           in.bits,
+                           in.zero_offset,
+                           element_type(in.scales.scalar_type()),
+                           element_type(out_dtype),
+                           layout == DequantLayout::kOutIn};
+  const cudaError_t err = cuda::launch_dequant_gptq(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "gptq dequant: CUDA launch failed for [", K, ", ", N, "] at ",
+              in.bits, " bits: ", cudaGetErrorString(err));
+  return out;
+}
+#else
+at::Tensor dequantize_gptq_cuda(const DequantInputs&, at::ScalarType, DequantLayout) {
+  TORCH_CHECK(false, "gptq dequant: qweight is on a CUDA device but gradscope was built without "
+                     "CUDA (GRADSCOPE_WITH_CUDA=OFF)");
+}
+#endif
+
+}  // namespace detail
+}  // namespace gradscope

@@ -1,0 +1,59 @@
+#include "reports/console_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+namespace gradscope::report {
+namespace {
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+}  // namespace
+
+void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& options) {
+  const bool passed = r.passed();
+  if (options.quiet && passed) return;
+  double worst = 0;
+  for (const auto& c : r.checks) worst = std::max(worst, c.max_abs);
+  const auto failed = std::count_if(r.checks.begin(), r.checks.end(),
+                                    [](const Check& c) { return !c.passed; });
+  char line[512];
+  std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs\n",
+                passed ? "PASS" : "FAIL", r.id.c_str(), r.checks.size(),
+                static_cast<long>(failed), format_number(worst).c_str(), r.seconds);
+  out << line;
+  if (r.checks.empty()) out << "      no checks ran (a case without checks is a failure)\n";
+  for (const auto& c : r.checks) {
+    if (c.passed) continue;
+    out << "      " << c.failure;
+    if (!c.failure.empty() && c.failure.back() != '\n') out << '\n';
+  }
+  if (!passed) out << "      replay: " << r.replay << '\n';
+}
+
+void print_summary(std::ostream& out, const RunReport& report) {
+  std::map<std::string, std::pair<int64_t, int64_t>> by_kind;  // kind -> (passed, failed)
+  int64_t checks = 0, failed_checks = 0;
+  for (const auto& c : report.cases) {
+    auto& counts = by_kind[c.kind];
+    (c.passed() ? counts.first : counts.second) += 1;
+    for (const auto& check : c.checks) {
+      ++checks;
+      failed_checks += check.passed ? 0 : 1;
+    }
+  }
+  out << "\n";
+  for (const auto& [kind, counts] : by_kind) {
+    out << "  " << kind << ": " << counts.first << " passed, " << counts.second << " failed\n";
+  }
+  out << "  checks: " << checks - failed_checks << " passed, " << failed_checks << " failed\n";
+  out << report.passed() << " passed, " << report.failed() << " failed\n";
+}
+
+}  // namespace gradscope::report

@@ -1,0 +1,73 @@
+#include "reports/json_report.h"
+
+namespace gradscope::report {
+namespace {
+
+nlohmann::ordered_json optional_number(const std::optional<double>& v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+}
+
+nlohmann::ordered_json spec_json(const SpecFields& spec) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : spec) {
+    std::visit([&](const auto& v) { out[name] = v; }, value);
+  }
+  return out;
+}
+
+nlohmann::ordered_json check_json(const Check& c) {
+  nlohmann::ordered_json j = {{"path", c.path},
+                      {"status", c.passed ? "pass" : "fail"},
+                      {"exact", c.exact},
+                      {"compared", c.compared},
+                      {"numel", c.numel},
+                      {"mismatches", c.mismatches},
+                      {"max_abs", c.max_abs},
+                      {"mean_abs", c.mean_abs},
+                      {"baseline_max_abs", optional_number(c.baseline_max_abs)},
+                      {"limit", c.limit}};
+  if (c.worst) {
+    const auto& w = *c.worst;
+    j["worst"] = {{"index", w.index},         {"prod", w.prod},
+                  {"ref", w.ref},             {"ref_fp64", optional_number(w.ref_fp64)},
+                  {"base", optional_number(w.base)}, {"detail", w.detail}};
+  } else {
+    j["worst"] = nullptr;
+  }
+  j["message"] = c.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.failure);
+  return j;
+}
+
+}  // namespace
+
+nlohmann::ordered_json to_json(const RunReport& report) {
+  const auto& env = report.environment;
+  nlohmann::ordered_json j = {
+      {"tool", report.tool},
+      {"version", report.version},
+      {"environment",
+       {{"device", env.device},
+        {"gpu", env.gpu ? nlohmann::ordered_json(*env.gpu) : nlohmann::ordered_json(nullptr)},
+        {"torch", env.torch},
+        {"cuda", env.cuda ? nlohmann::ordered_json(*env.cuda) : nlohmann::ordered_json(nullptr)},
+        {"compiler", env.compiler}}}};
+  nlohmann::ordered_json cases = nlohmann::ordered_json::array();
+  for (const auto& c : report.cases) {
+    nlohmann::ordered_json checks = nlohmann::ordered_json::array();
+    for (const auto& check : c.checks) checks.push_back(check_json(check));
+    cases.push_back({{"id", c.id},
+                     {"kind", c.kind},
+                     {"status", c.passed() ? "pass" : "fail"},
+                     {"source", c.source},
+                     {"spec", spec_json(c.spec)},
+                     {"checks", checks},
+                     {"replay", c.replay}});
+  }
+  j["cases"] = cases;
+  j["summary"] = {{"total", report.cases.size()},
+                  {"passed", report.passed()},
+                  {"failed", report.failed()}};
+  return j;
+}
+
+}  // namespace gradscope::report

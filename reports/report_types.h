@@ -1,0 +1,80 @@
+// Result records: plain structs that every report writer consumes. A writer
+// formats these; it never recomputes a metric.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace gradscope::report {
+
+// A resolved case-file field: TOML integer, float, boolean or string.
+using SpecValue = std::variant<int64_t, double, bool, std::string>;
+using SpecFields = std::vector<std::pair<std::string, SpecValue>>;
+
+std::string format_spec_value(const SpecValue& value);
+
+// The element where prod is furthest from the reference.
+struct WorstElement {
+  std::vector<int64_t> index;
+  double prod = 0;
+  double ref = 0;                   // the reference as compared (rounded in exact mode)
+  std::optional<double> ref_fp64;   // the unrounded fp64 reference, where it differs
+  std::optional<double> base;       // the same-dtype baseline, where there is one
+  std::string detail;               // what the element is, e.g. "code 7, zero 8, group 3"
+};
+
+struct Check {
+  std::string path;                 // <case id>/<layer>/<module>/<projection>/<tensor>
+  bool passed = false;
+  bool exact = false;               // bit-exact comparison, no tolerance
+  std::string compared;             // what was compared with what, in words
+  int64_t numel = 0;
+  int64_t mismatches = 0;           // exact: differing elements; else outside assert_close's default
+  double max_abs = 0;               // max |prod - ref|
+  double mean_abs = 0;
+  std::optional<double> baseline_max_abs;  // max |base - ref|; none for exact checks
+  double limit = 0;                 // the largest max_abs that passes
+  std::optional<WorstElement> worst;
+  std::string failure;              // assert_close-style message; empty when passed
+};
+
+struct CaseResult {
+  std::string id;
+  std::string kind;
+  std::string source;               // case file the case came from
+  SpecFields spec;                  // resolved fields, named as in the case file
+  std::vector<Check> checks;
+  std::string replay;               // command that runs just this case
+  double seconds = 0;
+
+  bool passed() const {
+    for (const auto& c : checks) {
+      if (!c.passed) return false;
+    }
+    return !checks.empty();
+  }
+};
+
+struct Environment {
+  std::string device;
+  std::optional<std::string> gpu;
+  std::string torch;
+  std::optional<std::string> cuda;
+  std::string compiler;
+};
+
+struct RunReport {
+  std::string tool = "gradscope";
+  std::string version;
+  Environment environment;
+  std::vector<CaseResult> cases;
+
+  int64_t passed() const;
+  int64_t failed() const { return static_cast<int64_t>(cases.size()) - passed(); }
+};
+
+}  // namespace gradscope::report
