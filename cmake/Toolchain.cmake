@@ -20,4 +20,7 @@ if(GRADSCOPE_WITH_CUDA)
   endif()
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA arch list for torch's config")
   enable_language(CUDA)
+  # Global, not per target: every target shares one precompiled header, which
+  # GCC only accepts where the same macros are defined.
+  add_compile_definitions(GRADSCOPE_WITH_CUDA)
 endif()

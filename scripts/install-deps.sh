@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything gradscope needs on a fresh Debian/Ubuntu machine, as root.
+# Idempotent: it installs only what is missing, so a second run does nothing.
+set -euo pipefail
+
+APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libcli11-dev
+              libtomlplusplus-dev nlohmann-json3-dev libgtest-dev)
+TORCH_VERSION=2.11.0
+PYTHON=${PYTHON:-python3}
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# LibTorch comes from the pinned PyPI wheel; CMake finds it through this interpreter.
+if ! "$PYTHON" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "install-deps: pip install torch==$TORCH_VERSION"
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore "torch==$TORCH_VERSION"
+fi

@@ -1,0 +1,134 @@
+#include <gtest/gtest.h>
+
+#include "harness/case_runner.h"
+#include "harness/case_spec.h"
+#include "harness/input_error.h"
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+using testing::TempDir;
+
+std::string load_error(const std::string& path) {
+  try {
+    load_case_file(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CaseFile, DefaultsFillEveryField) {
+  TempDir dir;
+  const auto cases = load_case_file(dir.write("a.toml", "kind = \"dequant\"\n"));
+  ASSERT_EQ(cases.size(), 1u);
+  const auto& c = cases[0];
+  EXPECT_EQ(c.get_int("bits"), 4);
+  EXPECT_EQ(c.get_int("group_size"), 128);
+  EXPECT_EQ(c.get_string("dtype"), "fp32");
+  EXPECT_EQ(c.get_string("device"), "cpu");
+  EXPECT_EQ(c.origin("bits"), "default");
+  EXPECT_EQ(c.fields().size(), schema_for_kind("dequant").size());
+  EXPECT_EQ(find_runner("dequant")->case_id(c), "dequant.fp32.k256n128.b4g128.v1.sym.s1");
+}
+
+TEST(CaseFile, MatrixExpandsToTheCartesianProduct) {
+  TempDir dir;
+  const auto cases = load_case_file(dir.write("m.toml", R"(kind = "dequant"
+in_features = 64
+out_features = 32
+[matrix]
+bits = [2, 3, 4, 8]
+sym = [true, false]
+dtype = ["fp16", "bf16", "fp32"]
+)"));
+  EXPECT_EQ(cases.size(), 24u);
+  std::set<std::string> ids;
+  for (const auto& c : cases) ids.insert(find_runner("dequant")->case_id(c));
+  EXPECT_EQ(ids.size(), 24u);
+  EXPECT_TRUE(ids.count("dequant.bf16.k64n32.b3g128.v1.asym.s1")) << *ids.begin();
+}
+
+TEST(CaseFile, MalformedTomlNamesFileAndLine) {
+  TempDir dir;
+  const auto path = dir.write("bad.toml", "kind = \"dequant\"\nbits = = 4\n");
+  const auto err = load_error(path);
+  EXPECT_NE(err.find(path + ":2"), std::string::npos) << err;
+  EXPECT_NE(err.find("malformed TOML"), std::string::npos) << err;
+}
+
+TEST(CaseFile, UnknownKeyNamesKeyLineAndKnownKeys) {
+  TempDir dir;
+  const auto path = dir.write("k.toml", "kind = \"dequant\"\n\nbitz = 4\n");
+  const auto err = load_error(path);
+  EXPECT_NE(err.find(path + ":3: unknown key 'bitz'"), std::string::npos) << err;
+  EXPECT_NE(err.find("group_size"), std::string::npos) << err;
+}
+
+TEST(CaseFile, WrongTypeNamesExpectedType) {
+  TempDir dir;
+  const auto err = load_error(dir.write("t.toml", "kind = \"dequant\"\nbits = \"4\"\n"));
+  EXPECT_NE(err.find(":2: key 'bits' must be an integer, got a string"), std::string::npos) << err;
+  const auto err2 = load_error(dir.write("t2.toml", "kind = \"dequant\"\n[matrix]\nsym = [true, 1]\n"));
+  EXPECT_NE(err2.find("key 'sym' must be a boolean, got an integer"), std::string::npos) << err2;
+}
+
+TEST(CaseFile, OutOfRangeValues) {
+  TempDir dir;
+  EXPECT_NE(load_error(dir.write("b.toml", "kind = \"dequant\"\nbits = 5\n"))
+                .find("key 'bits' is 5; expected one of 2, 3, 4, 8"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("n.toml", "kind = \"dequant\"\nin_features = -64\n"))
+                .find("key 'in_features' is -64"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("d.toml", "kind = \"dequant\"\ndtype = \"fp8\"\n"))
+                .find("expected one of fp32, fp16, bf16"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("g.toml", "kind = \"dequant\"\ngroup_size = 0\n"))
+                .find("group_size must be -1 or positive"),
+            std::string::npos);
+}
+
+TEST(CaseFile, ImpossibleShapesNameTheField) {
+  TempDir dir;
+  const auto path = dir.write("s.toml", "kind = \"dequant\"\nbits = 3\nin_features = 48\n");
+  const auto err = load_error(path);
+  EXPECT_NE(err.find(path + ":3: in_features must be a multiple of 32 for 3-bit"), std::string::npos)
+      << err;
+  EXPECT_NE(load_error(dir.write("s2.toml", "kind = \"dequant\"\nbits = 4\nout_features = 12\n"))
+                .find("out_features must be a multiple of 8"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("s3.toml",
+                                 "kind = \"dequant\"\nbits = 4\nout_features = 8\nstorage = \"fp16\"\n"))
+                .find("storage"),
+            std::string::npos);
+}
+
+TEST(CaseFile, KindMissingUnknownOrFileAbsent) {
+  TempDir dir;
+  EXPECT_NE(load_error(dir.write("nokind.toml", "bits = 4\n")).find("missing key 'kind'"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("k.toml", "kind = \"conv\"\n")).find("unknown kind 'conv'"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.path("absent.toml")).find("case file not found"), std::string::npos);
+}
+
+TEST(CaseFile, KeyBothTopLevelAndInMatrixIsAnError) {
+  TempDir dir;
+  EXPECT_NE(load_error(dir.write("c.toml", "kind = \"dequant\"\nbits = 4\n[matrix]\nbits = [2]\n"))
+                .find("both at the top level and in [matrix]"),
+            std::string::npos);
+}
+
+TEST(CaseFile, OverridesAreValidated) {
+  TempDir dir;
+  auto cases = load_case_file(dir.write("o.toml", "kind = \"dequant\"\n"));
+  override_field(cases[0], "dtype", "bf16", "--dtype");
+  EXPECT_EQ(cases[0].get_string("dtype"), "bf16");
+  EXPECT_EQ(cases[0].origin("dtype"), "--dtype");
+  EXPECT_THROW(override_field(cases[0], "seed", "x1", "--seed"), InputError);
+}
+
+}  // namespace
+}  // namespace gradscope

@@ -1,0 +1,154 @@
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/cli.h"
+#include "harness/environment.h"
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+using testing::TempDir;
+
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+CliResult cli(const std::vector<std::string>& args) {
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = run_cli(args);
+  return {code, ::testing::internal::GetCapturedStdout(), ::testing::internal::GetCapturedStderr()};
+}
+
+const char* kSmallCases = R"(kind = "dequant"
+in_features = 64
+out_features = 32
+[matrix]
+bits = [3, 4]
+format = ["gptq", "gptq_v2"]
+)";
+
+TEST(Cli, RunPassesAndWritesTheJsonContract) {
+  TempDir dir;
+  const auto cases = dir.write("c.toml", kSmallCases);
+  const auto json_path = dir.path("r.json");
+  const auto r = cli({"run", cases, "--json", json_path});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("4 passed, 0 failed"), std::string::npos) << r.out;
+  std::ifstream in(json_path);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["tool"], "gradscope");
+  for (const char* key : {"device", "gpu", "torch", "cuda", "compiler"}) {
+    EXPECT_TRUE(j["environment"].contains(key)) << key;
+  }
+  EXPECT_EQ(j["summary"]["total"], 4);
+  EXPECT_EQ(j["summary"]["passed"], 4);
+  const auto& c = j["cases"][0];
+  EXPECT_EQ(c["kind"], "dequant");
+  EXPECT_EQ(c["status"], "pass");
+  EXPECT_EQ(c["spec"]["bits"], 3);
+  EXPECT_EQ(c["spec"]["format"], "gptq");
+  EXPECT_EQ(c["spec"]["in_features"], 64);
+  ASSERT_FALSE(c["checks"].empty());
+  for (const auto& check : c["checks"]) {
+    for (const char* key : {"path", "status", "max_abs", "mean_abs", "baseline_max_abs", "limit"}) {
+      EXPECT_TRUE(check.contains(key)) << key;
+    }
+    EXPECT_TRUE(check["baseline_max_abs"].is_null());  // exact checks have no baseline
+  }
+}
+
+TEST(Cli, OverridesAndFilterSelectCases) {
+  TempDir dir;
+  const auto cases = dir.write("c.toml", kSmallCases);
+  const auto r = cli({"list", cases, "--dtype", "bf16", "--seed", "9", "--filter", "*b3*v2*"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "dequant.bf16.k64n32.b3g128.v2.sym.s9\n");
+}
+
+TEST(Cli, BadInputExitsTwoAndNamesTheProblem) {
+  TempDir dir;
+  const auto bad = dir.write("bad.toml", "kind = \"dequant\"\nbits = [\n");
+  const auto unknown_key = dir.write("k.toml", "kind = \"dequant\"\nbitz = 4\n");
+  const auto shape = dir.write("s.toml", "kind = \"dequant\"\nbits = 3\nin_features = 40\n");
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {{"run", bad}, "malformed TOML"},
+      {{"run", unknown_key}, "unknown key 'bitz'"},
+      {{"run", shape}, "in_features must be a multiple of 32"},
+      {{"run", dir.path("missing.toml")}, "case file not found"},
+      {{"run", "--suite", "no-such-suite"}, "unknown suite 'no-such-suite'"},
+      {{"run", "--device", "tpu"}, "--device"},
+      {{"run", "--dtype", "fp64"}, "--dtype"},
+      {{"run", "--seed", "-3"}, "--seed"},
+      {{"run", "--bogus"}, "bogus"},
+      {{}, "subcommand"},
+      {{"list", shape + "x"}, "case file not found"},
+      {{"run", dir.write("f.toml", kSmallCases), "--filter", "nothing*"}, "no case id matches"},
+  };
+  for (const auto& c : cases) {
+    const auto r = cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.expected << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, NoPartialJsonOnBadInputOrUnwritablePath) {
+  TempDir dir;
+  const auto json_path = dir.path("r.json");
+  EXPECT_EQ(cli({"run", dir.path("missing.toml"), "--json", json_path}).code, 2);
+  EXPECT_FALSE(std::filesystem::exists(json_path));
+  const auto r = cli({"run", dir.write("c.toml", kSmallCases), "--json", dir.path("no/such/dir/r.json")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  // No temporary files are left behind either.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
+}
+
+TEST(Cli, CudaWithoutAGpuIsAUsageError) {
+  if (cuda_usable()) return;  // on a GPU machine the same command runs the CUDA kernels
+  TempDir dir;
+  const auto r = cli({"run", dir.write("c.toml", kSmallCases), "--device", "cuda"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("device 'cuda' requested"), std::string::npos) << r.err;
+}
+
+TEST(Cli, SmokeSuiteListsEveryRequiredCombination) {
+  const auto r = cli({"list", "--suite", "smoke", "--cases-dir", GRADSCOPE_TEST_CASES_DIR});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* bits : {"b2", "b3", "b4", "b8"}) {
+    for (const char* group : {"gall", "g128"}) {
+      for (bool act : {false, true}) {
+        for (const char* fmt : {"v1", "v2"}) {
+          for (const char* sym : {"sym", "asym"}) {
+            for (const char* dtype : {"fp32", "fp16", "bf16"}) {
+              const std::string prefix = std::string("dequant.") + dtype + ".";
+              bool found = false;
+              std::istringstream lines(r.out);
+              for (std::string id; std::getline(lines, id);) {
+                found = found || (id.rfind(prefix, 0) == 0 &&
+                                  id.find(std::string(".") + bits + group) != std::string::npos &&
+                                  (id.find(".act") != std::string::npos) == act &&
+                                  id.find(std::string(".") + fmt + "." + sym + ".") != std::string::npos);
+              }
+              EXPECT_TRUE(found) << dtype << " " << bits << group << (act ? " act " : " ") << fmt << sym;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradscope

@@ -1,0 +1,82 @@
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "gradscope/dequant.h"
+#include "gradscope/gptq_format.h"
+
+namespace gradscope {
+namespace {
+
+// K = 8 rows, N = 8 columns, 4-bit, one group: code(k, n) = k, zero 8 (v2),
+// scale 0.5 * (n + 1), so W^T[k, n] = 0.5 * (n + 1) * (k - 8), hand-computable.
+GptqWeight hand_layer(ZeroPointFormat format) {
+  auto codes = at::arange(8, at::kInt).view({8, 1}).expand({8, 8}).contiguous();
+  GptqWeight w;
+  w.bits = 4;
+  w.format = format;
+  w.qweight = pack_rows(codes, 4);
+  w.qzeros = encode_zero_points(at::full({1, 8}, 8, at::kInt), 4, format);
+  w.scales = (0.5 * (at::arange(8, at::kFloat) + 1)).view({1, 8}).to(at::kHalf);
+  w.g_idx = at::zeros({8}, at::kInt);
+  return w;
+}
+
+at::Tensor hand_expected() {
+  const auto k = at::arange(8, at::kFloat).view({8, 1});
+  const auto n = at::arange(8, at::kFloat).view({1, 8});
+  return 0.5 * (n + 1) * (k - 8);
+}
+
+TEST(DequantCpu, HandComputedLayerInBothZeroConventions) {
+  for (auto format : {ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2}) {
+    const auto out = dequantize_gptq(hand_layer(format), at::kFloat);
+    EXPECT_TRUE(out.equal(hand_expected())) << to_string(format) << "\n" << out;
+  }
+}
+
+TEST(DequantCpu, OutInLayoutIsTheTranspose) {
+  const auto w = hand_layer(ZeroPointFormat::kGptqV1);
+  EXPECT_TRUE(dequantize_gptq(w, at::kHalf, DequantLayout::kOutIn)
+                  .equal(dequantize_gptq(w, at::kHalf).t()));
+}
+
+TEST(DequantCpu, GathersScalesThroughGIdx) {
+  auto w = hand_layer(ZeroPointFormat::kGptqV2);
+  // Two groups whose scales differ by 10x; rows alternate between them.
+  w.scales = at::cat({w.scales, w.scales * 10}, 0);
+  w.qzeros = encode_zero_points(at::full({2, 8}, 8, at::kInt), 4, ZeroPointFormat::kGptqV2);
+  w.g_idx = (at::arange(8, at::kInt) % 2).to(at::kInt);
+  auto expected = hand_expected();
+  expected.index({at::indexing::Slice(1, at::indexing::None, 2)}) *= 10;
+  EXPECT_TRUE(dequantize_gptq(w, at::kFloat).equal(expected));
+}
+
+TEST(DequantCpu, FloatViewStorageGivesTheSameWeight) {
+  const auto w = hand_layer(ZeroPointFormat::kGptqV1);
+  const auto expected = dequantize_gptq(w, at::kBFloat16);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    GptqWeight viewed = w;
+    viewed.qweight = as_float_view(at::cat({w.qweight, w.qweight}, 1), dtype);
+    viewed.qzeros = as_float_view(at::cat({w.qzeros, w.qzeros}, 1), dtype);
+    viewed.scales = at::cat({w.scales, w.scales}, 1);
+    const auto out = dequantize_gptq(viewed, at::kBFloat16);
+    EXPECT_TRUE(out.narrow(1, 0, 8).equal(expected)) << dtype;
+  }
+}
+
+TEST(DequantCpu, RoundsOnceToTheOutputDtype) {
+  // scale 0x3C01 (1 + 2^-10 in fp16) times 7 is exact in fp32, rounds once in bf16.
+  auto w = hand_layer(ZeroPointFormat::kGptqV2);
+  w.scales = at::full({1, 8}, 1.0 + std::ldexp(1.0, -10), at::kHalf);
+  const auto out32 = dequantize_gptq(w, at::kFloat);
+  const auto out16 = dequantize_gptq(w, at::kBFloat16);
+  EXPECT_EQ(out32[1][0].item<double>(), -7.0 * (1.0 + std::ldexp(1.0, -10)));
+  EXPECT_TRUE(out16.equal(out32.to(at::kBFloat16)));
+}
+
+TEST(DequantCpu, RejectsUnsupportedOutputDtype) {
+  EXPECT_THROW(dequantize_gptq(hand_layer(ZeroPointFormat::kGptqV1), at::kDouble), c10::Error);
+}
+
+}  // namespace
+}  // namespace gradscope
