@@ -51,10 +51,11 @@ std::string known_keys(const std::vector<FieldSpec>& schema) {
 }
 
 SpecValue from_toml(const FieldSpec& field, const toml::node& node, const std::string& at) {
-  const bool ok = (field.type == FieldType::kInt && node.is_integer()) ||
-                  (field.type == FieldType::kFloat && (node.is_floating_point() || node.is_integer())) ||
-                  (field.type == FieldType::kBool && node.is_boolean()) ||
-                  (field.type == FieldType::kString && node.is_string());
+  const bool ok =
+      (field.type == FieldType::kInt && node.is_integer()) ||
+      (field.type == FieldType::kFloat && (node.is_floating_point() || node.is_integer())) ||
+      (field.type == FieldType::kBool && node.is_boolean()) ||
+      (field.type == FieldType::kString && node.is_string());
   if (!ok) {
     throw InputError(at + ": key '" + field.name + "' must be " + field_type_name(field.type) +
                      ", got " + toml_type_name(node.type()));
@@ -182,9 +183,15 @@ const SpecValue& CaseSpec::get(const std::string& name) const {
   throw std::logic_error("case spec has no field '" + name + "'");
 }
 
-int64_t CaseSpec::get_int(const std::string& name) const { return std::get<int64_t>(get(name)); }
-double CaseSpec::get_float(const std::string& name) const { return std::get<double>(get(name)); }
-bool CaseSpec::get_bool(const std::string& name) const { return std::get<bool>(get(name)); }
+int64_t CaseSpec::get_int(const std::string& name) const {
+  return std::get<int64_t>(get(name));
+}
+double CaseSpec::get_float(const std::string& name) const {
+  return std::get<double>(get(name));
+}
+bool CaseSpec::get_bool(const std::string& name) const {
+  return std::get<bool>(get(name));
+}
 const std::string& CaseSpec::get_string(const std::string& name) const {
   return std::get<std::string>(get(name));
 }
@@ -266,7 +273,8 @@ std::vector<CaseSpec> load_case_file(const std::string& path) {
                            "' (known: " + known_keys(schema) + ")");
         }
         if (table.contains(mname)) {
-          throw InputError(mat + ": key '" + mname + "' is set both at the top level and in [matrix]");
+          throw InputError(mat + ": key '" + mname +
+                           "' is set both at the top level and in [matrix]");
         }
         if (!mnode.is_array() || mnode.as_array()->empty()) {
           throw InputError(mat + ": key 'matrix." + mname + "' must be a non-empty array");

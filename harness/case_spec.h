@@ -18,7 +18,9 @@ enum class FieldType { kInt, kFloat, kBool, kString };
 
 struct FieldSpec {
   FieldSpec(std::string name, FieldType type, report::SpecValue default_value, std::string doc)
-      : name(std::move(name)), type(type), default_value(std::move(default_value)),
+      : name(std::move(name)),
+        type(type),
+        default_value(std::move(default_value)),
         doc(std::move(doc)) {}
   FieldSpec one_of(std::vector<report::SpecValue> allowed) && {
     choices = std::move(allowed);

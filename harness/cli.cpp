@@ -67,7 +67,8 @@ std::vector<std::string> suite_files(const std::string& dir, const std::string& 
     if (e.is_regular_file() && e.path().extension() == ".toml") files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
-  if (files.empty()) throw InputError("suite '" + suite + "' (" + folder.string() + ") holds no .toml case files");
+  if (files.empty())
+    throw InputError("suite '" + suite + "' (" + folder.string() + ") holds no .toml case files");
   return files;
 }
 
@@ -132,8 +133,7 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program) 
     error.failure = sc.id + ": the case raised an error: " + e.what();
     result.checks.push_back(error);
   }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -155,8 +155,9 @@ int command_run(const Selection& sel, const std::string& json_path, bool quiet,
   for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
   if (any_cuda && !cuda_usable()) {
     throw InputError(std::string("device 'cuda' requested but ") +
-                     (built_with_cuda() ? "no CUDA GPU is visible to torch"
-                                        : "this build has no CUDA kernels (GRADSCOPE_WITH_CUDA=OFF)"));
+                     (built_with_cuda()
+                          ? "no CUDA GPU is visible to torch"
+                          : "this build has no CUDA kernels (GRADSCOPE_WITH_CUDA=OFF)"));
   }
   report::RunReport report;
   report.version = GRADSCOPE_VERSION;
@@ -182,8 +183,9 @@ void add_selection_options(CLI::App* cmd, Selection& sel) {
   cmd->add_option("cases", sel.files, "case files (TOML)");
   cmd->add_option("--suite", sel.suite, "suite name: the folder cases/NAME (default smoke)");
   cmd->add_option("--filter", sel.filter, "only case ids matching this glob");
-  cmd->add_option("--cases-dir", sel.cases_dir,
-                  "folder holding the suites (default $GRADSCOPE_CASES_DIR or the source tree's cases/)");
+  cmd->add_option(
+      "--cases-dir", sel.cases_dir,
+      "folder holding the suites (default $GRADSCOPE_CASES_DIR or the source tree's cases/)");
   cmd->add_option("--device", sel.device, "override every case's device")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--dtype", sel.dtype, "override every case's dtype")

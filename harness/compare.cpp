@@ -108,8 +108,8 @@ report::Check compare_exact(const std::string& path, const std::string& compared
   return check;
 }
 
-report::Check expect_rejection(const std::string& path, const std::string& compared,
-                               bool rejected, const std::string& detail) {
+report::Check expect_rejection(const std::string& path, const std::string& compared, bool rejected,
+                               const std::string& detail) {
   report::Check check;
   check.path = path;
   check.exact = true;

@@ -23,8 +23,8 @@ report::Check compare_exact(const std::string& path, const std::string& compared
                             const ElementDescriber& describe = {});
 
 // A check that an operation refused its input (and did not silently proceed).
-report::Check expect_rejection(const std::string& path, const std::string& compared,
-                               bool rejected, const std::string& detail);
+report::Check expect_rejection(const std::string& path, const std::string& compared, bool rejected,
+                               const std::string& detail);
 
 // Unravels a flat index of a contiguous tensor with the given shape.
 std::vector<int64_t> unravel_index(int64_t flat, at::IntArrayRef shape);

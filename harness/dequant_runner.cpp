@@ -90,10 +90,13 @@ class DequantRunner final : public CaseRunner {
             .in_range(1, 1 << 20),
         FieldSpec("bits", FieldType::kInt, int64_t{4}, "bits per code")
             .one_of({int64_t{2}, int64_t{3}, int64_t{4}, int64_t{8}}),
-        FieldSpec("group_size", FieldType::kInt, int64_t{128}, "rows per scale group; -1 = one group")
+        FieldSpec("group_size", FieldType::kInt, int64_t{128},
+                  "rows per scale group; -1 = one group")
             .in_range(-1, 1 << 20),
-        FieldSpec("desc_act", FieldType::kBool, false, "act-order: rows quantized in a seeded order"),
-        FieldSpec("static_groups", FieldType::kBool, false, "with desc_act: g_idx stays k / group_size"),
+        FieldSpec("desc_act", FieldType::kBool, false,
+                  "act-order: rows quantized in a seeded order"),
+        FieldSpec("static_groups", FieldType::kBool, false,
+                  "with desc_act: g_idx stays k / group_size"),
         FieldSpec("sym", FieldType::kBool, true, "symmetric quantization (zero (maxq + 1) / 2)"),
         FieldSpec("format", FieldType::kString, s("gptq"), "zero-point convention")
             .one_of({s("gptq"), s("gptq_v2")}),
@@ -112,8 +115,8 @@ class DequantRunner final : public CaseRunner {
     const DequantCase c(s);
     std::ostringstream id;
     id << "dequant." << s.get_string("dtype") << ".k" << c.in_features << "n" << c.out_features
-       << ".b" << c.bits << "g" << (c.group_size == -1 ? std::string("all")
-                                                       : std::to_string(c.group_size));
+       << ".b" << c.bits << "g"
+       << (c.group_size == -1 ? std::string("all") : std::to_string(c.group_size));
     if (c.desc_act) id << (c.static_groups ? ".act-static" : ".act");
     id << (c.format == ZeroPointFormat::kGptqV1 ? ".v1" : ".v2") << (c.sym ? ".sym" : ".asym");
     if (s.get_string("scales_dtype") != "fp16") id << ".scales-" << s.get_string("scales_dtype");
@@ -129,33 +132,36 @@ class DequantRunner final : public CaseRunner {
     if (c.group_size == 0) throw_field_error(s, "group_size", "must be -1 or positive, got 0");
     if (c.bits == 3) {
       if (c.in_features % 32 != 0) {
-        throw_field_error(s, "in_features", "must be a multiple of 32 for 3-bit qweight, got " +
-                                                std::to_string(c.in_features));
+        throw_field_error(
+            s, "in_features",
+            "must be a multiple of 32 for 3-bit qweight, got " + std::to_string(c.in_features));
       }
       if (c.out_features % 32 != 0) {
-        throw_field_error(s, "out_features", "must be a multiple of 32 for 3-bit qzeros, got " +
-                                                 std::to_string(c.out_features));
+        throw_field_error(
+            s, "out_features",
+            "must be a multiple of 32 for 3-bit qzeros, got " + std::to_string(c.out_features));
       }
     }
     const int64_t per_word = 32 / (c.bits == 3 ? 32 : c.bits);
     if (c.in_features % per_word != 0) {
-      throw_field_error(s, "in_features", "must be a multiple of " + std::to_string(per_word) +
-                                              " to fill whole " + std::to_string(c.bits) +
-                                              "-bit qweight words, got " +
-                                              std::to_string(c.in_features));
+      throw_field_error(s, "in_features",
+                        "must be a multiple of " + std::to_string(per_word) + " to fill whole " +
+                            std::to_string(c.bits) + "-bit qweight words, got " +
+                            std::to_string(c.in_features));
     }
     if (c.out_features % per_word != 0) {
-      throw_field_error(s, "out_features", "must be a multiple of " + std::to_string(per_word) +
-                                               " to fill whole " + std::to_string(c.bits) +
-                                               "-bit qzeros words, got " +
-                                               std::to_string(c.out_features));
+      throw_field_error(s, "out_features",
+                        "must be a multiple of " + std::to_string(per_word) + " to fill whole " +
+                            std::to_string(c.bits) + "-bit qzeros words, got " +
+                            std::to_string(c.out_features));
     }
     const bool half_view = c.storage == "fp16" || c.storage == "bf16";
     if (half_view && (c.out_features % 2 != 0 || (c.out_features * c.bits / 32) % 2 != 0)) {
-      throw_field_error(s, "storage", "'" + c.storage +
-                                          "' views each int32 word as two halves, so qweight's and "
-                                          "qzeros' last dimensions must be even (out_features " +
-                                          std::to_string(c.out_features) + ")");
+      throw_field_error(s, "storage",
+                        "'" + c.storage +
+                            "' views each int32 word as two halves, so qweight's and "
+                            "qzeros' last dimensions must be even (out_features " +
+                            std::to_string(c.out_features) + ")");
     }
     if (c.static_groups && !c.desc_act) {
       throw_field_error(s, "static_groups", "only applies with desc_act = true");
@@ -200,8 +206,8 @@ class DequantRunner final : public CaseRunner {
     const auto prod_codes = unpack_rows(packed.qweight, c.bits, K);
     const auto prod_zeros = decode_zero_points(packed.qzeros, c.bits, N, c.format);
 
-    const auto describe = [&, transposed = c.layout == DequantLayout::kOutIn](
-                              const std::vector<int64_t>& idx) {
+    const auto describe = [&, transposed = c.layout ==
+                                           DequantLayout::kOutIn](const std::vector<int64_t>& idx) {
       const int64_t k = transposed ? idx[1] : idx[0], n = transposed ? idx[0] : idx[1];
       const int64_t grp = ref_layer.g_idx[k];
       std::ostringstream d;
@@ -217,19 +223,22 @@ class DequantRunner final : public CaseRunner {
 
     const std::string p = id + "/gptq/";
     std::vector<report::Check> checks;
-    checks.push_back(compare_exact(p + "codes", "quantizer codes vs reference decode of packed qweight",
-                                   q.codes, bridge::to_tensor(ref_codes), describe));
+    checks.push_back(compare_exact(p + "codes",
+                                   "quantizer codes vs reference decode of packed qweight", q.codes,
+                                   bridge::to_tensor(ref_codes), describe));
     checks.push_back(compare_exact(p + "zeros", "quantizer zeros vs reference decode of qzeros",
                                    q.zeros, bridge::to_tensor(ref_zeros), describe_zero));
     checks.push_back(compare_exact(p + "unpacked_codes", "prod unpack vs reference decode",
                                    prod_codes, bridge::to_tensor(ref_codes), describe));
-    checks.push_back(compare_exact(p + "codes_roundtrip", "quantize -> pack -> unpack vs quantizer codes",
-                                   prod_codes, q.codes.to(at::kLong), describe));
+    checks.push_back(compare_exact(p + "codes_roundtrip",
+                                   "quantize -> pack -> unpack vs quantizer codes", prod_codes,
+                                   q.codes.to(at::kLong), describe));
     checks.push_back(compare_exact(p + "decoded_zeros", "prod zero decode vs reference decode",
                                    prod_zeros, bridge::to_tensor(ref_zeros), describe_zero));
     const auto ref_in_layout = c.layout == DequantLayout::kOutIn ? ref_weight.t() : ref_weight;
     checks.push_back(compare_exact(p + "weight",
-                                   "prod dequant (" + c.device + ") vs fp64 reference rounded once to " +
+                                   "prod dequant (" + c.device +
+                                       ") vs fp64 reference rounded once to " +
                                        s.get_string("dtype"),
                                    prod_weight, ref_in_layout, describe));
     checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
@@ -241,8 +250,8 @@ class DequantRunner final : public CaseRunner {
   // refuses a zero point the other convention cannot store.
   static report::Check check_zero_point_roundtrip(const std::string& p, const GptqWeight& packed,
                                                   const QuantizedWeight& q, const DequantCase& c) {
-    const auto other = c.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2
-                                                            : ZeroPointFormat::kGptqV1;
+    const auto other =
+        c.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2 : ZeroPointFormat::kGptqV1;
     const std::string path = p + "qzeros_roundtrip_" + to_string(c.format) + "_" +
                              to_string(other) + "_" + to_string(c.format);
     const int maxq = max_code(c.bits);
@@ -257,12 +266,14 @@ class DequantRunner final : public CaseRunner {
       refusal = e.what();
     }
     if (!representable) {
-      return expect_rejection(path, "zero points " + to_string(c.format) + " cannot store in " +
-                                        to_string(other) + " must be refused",
+      return expect_rejection(path,
+                              "zero points " + to_string(c.format) + " cannot store in " +
+                                  to_string(other) + " must be refused",
                               !refusal.empty(), "");
     }
     if (!refusal.empty()) {
-      report::Check failed = expect_rejection(path, "conversion of storable zero points", false, "");
+      report::Check failed =
+          expect_rejection(path, "conversion of storable zero points", false, "");
       failed.failure = path + ": conversion refused zero points that are storable: " + refusal;
       return failed;
     }
@@ -274,6 +285,8 @@ class DequantRunner final : public CaseRunner {
 
 }  // namespace
 
-std::unique_ptr<CaseRunner> make_dequant_runner() { return std::make_unique<DequantRunner>(); }
+std::unique_ptr<CaseRunner> make_dequant_runner() {
+  return std::make_unique<DequantRunner>();
+}
 
 }  // namespace gradscope

@@ -12,7 +12,9 @@
 
 namespace gradscope {
 
-bool cuda_usable() { return built_with_cuda() && at::hasCUDA(); }
+bool cuda_usable() {
+  return built_with_cuda() && at::hasCUDA();
+}
 
 report::Environment probe_environment(const std::string& device) {
   report::Environment env;

@@ -1,3 +1,5 @@
 #include "harness/cli.h"
 
-int main(int argc, char** argv) { return gradscope::run_cli(argc, argv); }
+int main(int argc, char** argv) {
+  return gradscope::run_cli(argc, argv);
+}

@@ -21,12 +21,12 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
   if (options.quiet && passed) return;
   double worst = 0;
   for (const auto& c : r.checks) worst = std::max(worst, c.max_abs);
-  const auto failed = std::count_if(r.checks.begin(), r.checks.end(),
-                                    [](const Check& c) { return !c.passed; });
+  const auto failed =
+      std::count_if(r.checks.begin(), r.checks.end(), [](const Check& c) { return !c.passed; });
   char line[512];
   std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs\n",
-                passed ? "PASS" : "FAIL", r.id.c_str(), r.checks.size(),
-                static_cast<long>(failed), format_number(worst).c_str(), r.seconds);
+                passed ? "PASS" : "FAIL", r.id.c_str(), r.checks.size(), static_cast<long>(failed),
+                format_number(worst).c_str(), r.seconds);
   out << line;
   if (r.checks.empty()) out << "      no checks ran (a case without checks is a failure)\n";
   for (const auto& c : r.checks) {

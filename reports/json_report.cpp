@@ -17,24 +17,28 @@ nlohmann::ordered_json spec_json(const SpecFields& spec) {
 
 nlohmann::ordered_json check_json(const Check& c) {
   nlohmann::ordered_json j = {{"path", c.path},
-                      {"status", c.passed ? "pass" : "fail"},
-                      {"exact", c.exact},
-                      {"compared", c.compared},
-                      {"numel", c.numel},
-                      {"mismatches", c.mismatches},
-                      {"max_abs", c.max_abs},
-                      {"mean_abs", c.mean_abs},
-                      {"baseline_max_abs", optional_number(c.baseline_max_abs)},
-                      {"limit", c.limit}};
+                              {"status", c.passed ? "pass" : "fail"},
+                              {"exact", c.exact},
+                              {"compared", c.compared},
+                              {"numel", c.numel},
+                              {"mismatches", c.mismatches},
+                              {"max_abs", c.max_abs},
+                              {"mean_abs", c.mean_abs},
+                              {"baseline_max_abs", optional_number(c.baseline_max_abs)},
+                              {"limit", c.limit}};
   if (c.worst) {
     const auto& w = *c.worst;
-    j["worst"] = {{"index", w.index},         {"prod", w.prod},
-                  {"ref", w.ref},             {"ref_fp64", optional_number(w.ref_fp64)},
-                  {"base", optional_number(w.base)}, {"detail", w.detail}};
+    j["worst"] = {{"index", w.index},
+                  {"prod", w.prod},
+                  {"ref", w.ref},
+                  {"ref_fp64", optional_number(w.ref_fp64)},
+                  {"base", optional_number(w.base)},
+                  {"detail", w.detail}};
   } else {
     j["worst"] = nullptr;
   }
-  j["message"] = c.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.failure);
+  j["message"] =
+      c.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.failure);
   return j;
 }
 
@@ -64,9 +68,8 @@ nlohmann::ordered_json to_json(const RunReport& report) {
                      {"replay", c.replay}});
   }
   j["cases"] = cases;
-  j["summary"] = {{"total", report.cases.size()},
-                  {"passed", report.passed()},
-                  {"failed", report.failed()}};
+  j["summary"] = {
+      {"total", report.cases.size()}, {"passed", report.passed()}, {"failed", report.failed()}};
   return j;
 }
 

@@ -21,34 +21,34 @@ std::string format_spec_value(const SpecValue& value);
 struct WorstElement {
   std::vector<int64_t> index;
   double prod = 0;
-  double ref = 0;                   // the reference as compared (rounded in exact mode)
-  std::optional<double> ref_fp64;   // the unrounded fp64 reference, where it differs
-  std::optional<double> base;       // the same-dtype baseline, where there is one
-  std::string detail;               // what the element is, e.g. "code 7, zero 8, group 3"
+  double ref = 0;                  // the reference as compared (rounded in exact mode)
+  std::optional<double> ref_fp64;  // the unrounded fp64 reference, where it differs
+  std::optional<double> base;      // the same-dtype baseline, where there is one
+  std::string detail;              // what the element is, e.g. "code 7, zero 8, group 3"
 };
 
 struct Check {
-  std::string path;                 // <case id>/<layer>/<module>/<projection>/<tensor>
+  std::string path;  // <case id>/<layer>/<module>/<projection>/<tensor>
   bool passed = false;
-  bool exact = false;               // bit-exact comparison, no tolerance
-  std::string compared;             // what was compared with what, in words
+  bool exact = false;    // bit-exact comparison, no tolerance
+  std::string compared;  // what was compared with what, in words
   int64_t numel = 0;
-  int64_t mismatches = 0;           // exact: differing elements; else outside assert_close's default
-  double max_abs = 0;               // max |prod - ref|
+  int64_t mismatches = 0;  // exact: differing elements; else outside assert_close's default
+  double max_abs = 0;      // max |prod - ref|
   double mean_abs = 0;
   std::optional<double> baseline_max_abs;  // max |base - ref|; none for exact checks
-  double limit = 0;                 // the largest max_abs that passes
+  double limit = 0;                        // the largest max_abs that passes
   std::optional<WorstElement> worst;
-  std::string failure;              // assert_close-style message; empty when passed
+  std::string failure;  // assert_close-style message; empty when passed
 };
 
 struct CaseResult {
   std::string id;
   std::string kind;
-  std::string source;               // case file the case came from
-  SpecFields spec;                  // resolved fields, named as in the case file
+  std::string source;  // case file the case came from
+  SpecFields spec;     // resolved fields, named as in the case file
   std::vector<Check> checks;
-  std::string replay;               // command that runs just this case
+  std::string replay;  // command that runs just this case
   double seconds = 0;
 
   bool passed() const {

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <set>
+
 #include "harness/case_runner.h"
 #include "harness/case_spec.h"
 #include "harness/input_error.h"
@@ -70,7 +74,8 @@ TEST(CaseFile, WrongTypeNamesExpectedType) {
   TempDir dir;
   const auto err = load_error(dir.write("t.toml", "kind = \"dequant\"\nbits = \"4\"\n"));
   EXPECT_NE(err.find(":2: key 'bits' must be an integer, got a string"), std::string::npos) << err;
-  const auto err2 = load_error(dir.write("t2.toml", "kind = \"dequant\"\n[matrix]\nsym = [true, 1]\n"));
+  const auto err2 =
+      load_error(dir.write("t2.toml", "kind = \"dequant\"\n[matrix]\nsym = [true, 1]\n"));
   EXPECT_NE(err2.find("key 'sym' must be a boolean, got an integer"), std::string::npos) << err2;
 }
 
@@ -94,15 +99,17 @@ TEST(CaseFile, ImpossibleShapesNameTheField) {
   TempDir dir;
   const auto path = dir.write("s.toml", "kind = \"dequant\"\nbits = 3\nin_features = 48\n");
   const auto err = load_error(path);
-  EXPECT_NE(err.find(path + ":3: in_features must be a multiple of 32 for 3-bit"), std::string::npos)
+  EXPECT_NE(err.find(path + ":3: in_features must be a multiple of 32 for 3-bit"),
+            std::string::npos)
       << err;
   EXPECT_NE(load_error(dir.write("s2.toml", "kind = \"dequant\"\nbits = 4\nout_features = 12\n"))
                 .find("out_features must be a multiple of 8"),
             std::string::npos);
-  EXPECT_NE(load_error(dir.write("s3.toml",
-                                 "kind = \"dequant\"\nbits = 4\nout_features = 8\nstorage = \"fp16\"\n"))
-                .find("storage"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.write("s3.toml",
+                           "kind = \"dequant\"\nbits = 4\nout_features = 8\nstorage = \"fp16\"\n"))
+          .find("storage"),
+      std::string::npos);
 }
 
 TEST(CaseFile, KindMissingUnknownOrFileAbsent) {
@@ -128,6 +135,26 @@ TEST(CaseFile, OverridesAreValidated) {
   EXPECT_EQ(cases[0].get_string("dtype"), "bf16");
   EXPECT_EQ(cases[0].origin("dtype"), "--dtype");
   EXPECT_THROW(override_field(cases[0], "seed", "x1", "--seed"), InputError);
+}
+
+}  // namespace
+}  // namespace gradscope
+
+namespace gradscope {
+namespace {
+
+// cases/README.md is the format's documentation: every field of every kind is in it.
+TEST(CaseFile, EveryFieldIsDocumented) {
+  std::ifstream in(std::string(GRADSCOPE_TEST_CASES_DIR) + "/README.md");
+  ASSERT_TRUE(in) << "cases/README.md missing";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& kind : runner_kinds()) {
+    EXPECT_NE(doc.find("## kind = \"" + kind + "\""), std::string::npos) << kind;
+    for (const auto& field : schema_for_kind(kind)) {
+      EXPECT_NE(doc.find("| `" + field.name + "` |"), std::string::npos)
+          << kind << "." << field.name << " is not documented";
+    }
+  }
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ TEST(Cli, NoPartialJsonOnBadInputOrUnwritablePath) {
   const auto json_path = dir.path("r.json");
   EXPECT_EQ(cli({"run", dir.path("missing.toml"), "--json", json_path}).code, 2);
   EXPECT_FALSE(std::filesystem::exists(json_path));
-  const auto r = cli({"run", dir.write("c.toml", kSmallCases), "--json", dir.path("no/such/dir/r.json")});
+  const auto r =
+      cli({"run", dir.write("c.toml", kSmallCases), "--json", dir.path("no/such/dir/r.json")});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
   // No temporary files are left behind either.
@@ -136,12 +137,14 @@ TEST(Cli, SmokeSuiteListsEveryRequiredCombination) {
               bool found = false;
               std::istringstream lines(r.out);
               for (std::string id; std::getline(lines, id);) {
-                found = found || (id.rfind(prefix, 0) == 0 &&
-                                  id.find(std::string(".") + bits + group) != std::string::npos &&
-                                  (id.find(".act") != std::string::npos) == act &&
-                                  id.find(std::string(".") + fmt + "." + sym + ".") != std::string::npos);
+                found = found ||
+                        (id.rfind(prefix, 0) == 0 &&
+                         id.find(std::string(".") + bits + group) != std::string::npos &&
+                         (id.find(".act") != std::string::npos) == act &&
+                         id.find(std::string(".") + fmt + "." + sym + ".") != std::string::npos);
               }
-              EXPECT_TRUE(found) << dtype << " " << bits << group << (act ? " act " : " ") << fmt << sym;
+              EXPECT_TRUE(found) << dtype << " " << bits << group << (act ? " act " : " ") << fmt
+                                 << sym;
             }
           }
         }

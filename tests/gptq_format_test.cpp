@@ -115,12 +115,13 @@ TEST(GptqZeros, ConversionIsFieldByFieldWithoutCarries) {
   const auto v2 = encode_zero_points(zeros, 4, ZeroPointFormat::kGptqV2);
   const auto v1 = convert_zero_points(v2, 4, 8, ZeroPointFormat::kGptqV2, ZeroPointFormat::kGptqV1);
   EXPECT_EQ(word(v1, 0), 0x4444440Eu);
-  EXPECT_TRUE(convert_zero_points(v1, 4, 8, ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2)
-                  .equal(v2));
+  EXPECT_TRUE(
+      convert_zero_points(v1, 4, 8, ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2).equal(v2));
   for (int bits : {2, 3, 4, 8}) {
     const auto z = at::randint(1, 1 << bits, {3, 32}, at::kInt);
     const auto w1 = encode_zero_points(z, bits, ZeroPointFormat::kGptqV1);
-    const auto w2 = convert_zero_points(w1, bits, 32, ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2);
+    const auto w2 =
+        convert_zero_points(w1, bits, 32, ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2);
     EXPECT_TRUE(decode_zero_points(w2, bits, 32, ZeroPointFormat::kGptqV2).equal(z)) << bits;
   }
 }
@@ -167,8 +168,9 @@ TEST(GptqQuantize, AsymmetricRespectsMinZero) {
 
 TEST(GptqFloatView, EveryViewDtypeRoundTripsEveryBitPattern) {
   // NaN and subnormal patterns in the view dtype must survive.
-  const std::vector<int32_t> patterns = {0x7FC00001, static_cast<int32_t>(0xFFFF7C01), 0x00000001,
-                                         static_cast<int32_t>(0x80000000), 0x7F800000, -1};
+  const std::vector<int32_t> patterns = {0x7FC00001, static_cast<int32_t>(0xFFFF7C01),
+                                         0x00000001, static_cast<int32_t>(0x80000000),
+                                         0x7F800000, -1};
   const auto words = at::tensor(patterns, at::kInt).view({3, 2});
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     const auto view = as_float_view(words, dtype);
@@ -209,7 +211,8 @@ TEST(GptqValidate, NamesTheTensorAndTheExpectation) {
   EXPECT_EQ(validation_error(small_layer()), "");
   auto w = small_layer();
   w.qweight = w.qweight.narrow(0, 0, 7);
-  EXPECT_NE(validation_error(w).find("qweight has 7 rows"), std::string::npos) << validation_error(w);
+  EXPECT_NE(validation_error(w).find("qweight has 7 rows"), std::string::npos)
+      << validation_error(w);
   w = small_layer();
   w.g_idx[3] = 2;
   EXPECT_NE(validation_error(w).find("g_idx values must lie in [0, 2)"), std::string::npos);

@@ -25,8 +25,8 @@ void dequant_rows(const DequantInputs& in, const at::Tensor& zeros, at::Tensor& 
       const int64_t g = g_idx[k];
       for (int64_t n = 0; n < N; ++n) {
         const uint32_t high = two ? qweight[(pos.word + 1) * N + n] : 0u;
-        const auto code =
-            static_cast<int32_t>(packed_bits::read_field(qweight[pos.word * N + n], high, pos.shift, bits));
+        const auto code = static_cast<int32_t>(
+            packed_bits::read_field(qweight[pos.word * N + n], high, pos.shift, bits));
         const float value =
             static_cast<float>(scale[g * N + n]) * static_cast<float>(code - zero[g * N + n]);
         dst[layout == DequantLayout::kInOut ? k * N + n : n * K + k] = static_cast<Out>(value);

@@ -41,8 +41,8 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
   const c10::cuda::CUDAGuard guard(in.qweight.device());
   const int64_t K = in.in_features, N = in.out_features;
   const auto options = in.qweight.options().dtype(out_dtype);
-  auto out = layout == DequantLayout::kInOut ? at::empty({K, N}, options)
-                                             : at::empty({N, K}, options);
+  auto out =
+      layout == DequantLayout::kInOut ? at::empty({K, N}, options) : at::empty({N, K}, options);
   cuda::DequantLaunch args{reinterpret_cast<const uint32_t*>(in.qweight.data_ptr<int32_t>()),
                            reinterpret_cast<const uint32_t*>(in.qzeros.data_ptr<int32_t>()),
                            in.scales.data_ptr(),
@@ -62,8 +62,9 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
 }
 #else
 at::Tensor dequantize_gptq_cuda(const DequantInputs&, at::ScalarType, DequantLayout) {
-  TORCH_CHECK(false, "gptq dequant: qweight is on a CUDA device but gradscope was built without "
-                     "CUDA (GRADSCOPE_WITH_CUDA=OFF)");
+  TORCH_CHECK(false,
+              "gptq dequant: qweight is on a CUDA device but gradscope was built without "
+              "CUDA (GRADSCOPE_WITH_CUDA=OFF)");
 }
 #endif
 

@@ -13,15 +13,23 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRowsPerBlock = 32;
 
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 template <typename Out>
 __device__ __forceinline__ Out from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -58,7 +66,8 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
     const uint32_t zero_field = packed_bits::read_field(
         zrow[zero_pos.word], zero_two ? zrow[zero_pos.word + 1] : 0u, zero_pos.shift, kBits);
     const int zero = static_cast<int>(zero_field) + zero_offset;
-    const float value = to_float(scales[g * N + n]) * static_cast<float>(static_cast<int>(code) - zero);
+    const float value =
+        to_float(scales[g * N + n]) * static_cast<float>(static_cast<int>(code) - zero);
     out[out_in_layout ? n * K + k : k * N + n] = from_float<Out>(value);
   }
 }

@@ -21,8 +21,7 @@ void check_bits(int bits) {
 void check_int32_matrix(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.defined(), "gptq: ", name, " is undefined");
   TORCH_CHECK(t.dim() == 2, "gptq: ", name, " must be 2-D, got shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == at::kInt, "gptq: ", name, " must be int32, got ",
-              t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kInt, "gptq: ", name, " must be int32, got ", t.scalar_type());
 }
 
 }  // namespace
@@ -34,11 +33,13 @@ std::string to_string(ZeroPointFormat format) {
 ZeroPointFormat parse_zero_point_format(const std::string& name) {
   if (name == "gptq") return ZeroPointFormat::kGptqV1;
   if (name == "gptq_v2") return ZeroPointFormat::kGptqV2;
-  throw std::invalid_argument("checkpoint format must be \"gptq\" or \"gptq_v2\", got \"" +
-                              name + "\"");
+  throw std::invalid_argument("checkpoint format must be \"gptq\" or \"gptq_v2\", got \"" + name +
+                              "\"");
 }
 
-bool is_supported_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
+bool is_supported_bits(int bits) {
+  return bits == 2 || bits == 3 || bits == 4 || bits == 8;
+}
 
 int64_t num_groups(int64_t in_features, int group_size) {
   return group_size == -1 ? 1 : (in_features + group_size - 1) / group_size;
@@ -166,8 +167,8 @@ at::Tensor unpack_rows(const at::Tensor& packed, int bits, int64_t rows) {
       const bool two = packed_bits::straddles(pos.shift, bits) && pos.word + 1 < words;
       for (int64_t c = 0; c < C; ++c) {
         const uint32_t high = two ? src[(pos.word + 1) * C + c] : 0u;
-        dst[r * C + c] =
-            static_cast<int32_t>(packed_bits::read_field(src[pos.word * C + c], high, pos.shift, bits));
+        dst[r * C + c] = static_cast<int32_t>(
+            packed_bits::read_field(src[pos.word * C + c], high, pos.shift, bits));
       }
     }
   });
@@ -194,8 +195,8 @@ at::Tensor encode_zero_points(const at::Tensor& zeros, int bits, ZeroPointFormat
   if (bad.size(0) > 0) {
     const int64_t g = bad[0][0].item<int64_t>(), n = bad[0][1].item<int64_t>();
     std::ostringstream msg;
-    msg << "zero point " << zeros.cpu()[g][n].item<int32_t>() << " of group " << g
-        << ", column " << n << " cannot be stored in " << to_string(format) << " " << bits
+    msg << "zero point " << zeros.cpu()[g][n].item<int32_t>() << " of group " << g << ", column "
+        << n << " cannot be stored in " << to_string(format) << " " << bits
         << "-bit qzeros (stored field " << stored[g][n].item<int32_t>() << " outside [0, " << maxq
         << "]); " << bad.size(0) << " zero point(s) affected";
     throw std::invalid_argument(msg.str());
@@ -282,10 +283,10 @@ void validate_gptq_weight(const GptqWeight& w) {
   TORCH_CHECK(qzeros.size(0) == G && qzeros.size(1) * 32 == N * b, "gptq: qzeros has shape ",
               qzeros.sizes(), "; expected [", G, ", ", N * b / 32.0, "]");
   const auto device = qweight.device();
-  for (const auto& [t, name] : {std::pair{qzeros, "qzeros"}, std::pair{w.scales, "scales"},
-                                std::pair{w.g_idx, "g_idx"}}) {
-    TORCH_CHECK(t.device() == device, "gptq: ", name, " is on ", t.device(),
-                " but qweight is on ", device);
+  for (const auto& [t, name] :
+       {std::pair{qzeros, "qzeros"}, std::pair{w.scales, "scales"}, std::pair{w.g_idx, "g_idx"}}) {
+    TORCH_CHECK(t.device() == device, "gptq: ", name, " is on ", t.device(), " but qweight is on ",
+                device);
   }
   if (K > 0) {
     const auto [lo, hi] = at::aminmax(w.g_idx);

@@ -25,7 +25,9 @@ GRADSCOPE_HOST_DEVICE FieldPosition locate(int64_t index, int bits) {
 }
 
 // True when the field starting at `shift` continues into the next word (3-bit only).
-GRADSCOPE_HOST_DEVICE bool straddles(int shift, int bits) { return shift + bits > 32; }
+GRADSCOPE_HOST_DEVICE bool straddles(int shift, int bits) {
+  return shift + bits > 32;
+}
 
 // Extracts a field from the word holding its low bits and the next word. Words
 // are treated as uint32 so the shift never sign-extends.

@@ -19,7 +19,9 @@ std::string to_string(ZeroPointFormat format);
 ZeroPointFormat parse_zero_point_format(const std::string& name);
 
 bool is_supported_bits(int bits);  // 2, 3, 4, 8
-inline int max_code(int bits) { return (1 << bits) - 1; }
+inline int max_code(int bits) {
+  return (1 << bits) - 1;
+}
 // Number of groups for in_features K: 1 for group_size -1, else ceil(K / group_size).
 int64_t num_groups(int64_t in_features, int group_size);
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU check, run on the H200 machine through the device tool, from the repo root:
+#   bash scripts/device-check.sh "$OUT"
+# Configures against the machine's torch (python3) with toml++ carried in .devdeps,
+# builds, runs the CTest suite and the smoke and gpu suites with --device cuda, and
+# writes every log and JSON report into the given folder.
+set -uo pipefail
+OUT=${1:?usage: device-check.sh OUTDIR}
+BUILD_DIR=${BUILD_DIR:-build-device}
+mkdir -p "$OUT"
+status=0
+run() {  # run NAME CMD...: log to $OUT/NAME.log, remember the first failure
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$OUT/summary.log"
+  local start=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "   exit $rc after $((SECONDS - start)) s; last line: $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.log"
+  ((rc == 0)) || status=1
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  nvcc --version | tail -n 2
+} >"$OUT/machine.txt" 2>&1
+run configure cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+run build cmake --build "$BUILD_DIR" -j "$(nproc)"
+run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure
+run smoke_cuda "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --json "$OUT/smoke_cuda.json"
+run gpu_cuda "$BUILD_DIR/gradscope" run --suite gpu --device cuda --json "$OUT/gpu_cuda.json"
+if command -v compute-sanitizer >/dev/null; then
+  # Out-of-bounds reads or writes in the kernels, on the small shapes (any bits, act-order).
+  run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --filter 'dequant.fp16.*.act.*'
+fi
+exit $status
