@@ -3,10 +3,10 @@
 #include <toml++/toml.h>
 
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 
 #include "harness/case_runner.h"
+#include "harness/file_system.h"
 #include "harness/input_error.h"
 
 namespace gradscope {
@@ -218,8 +218,7 @@ void throw_field_error(const CaseSpec& spec, const std::string& field, const std
 }
 
 std::vector<CaseSpec> load_case_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  if (!files::is_regular_file(path)) {
     throw InputError(path + ": case file not found");
   }
   toml::table table;

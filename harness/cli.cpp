@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <set>
 
@@ -15,6 +14,7 @@
 #include "harness/case_runner.h"
 #include "harness/case_spec.h"
 #include "harness/environment.h"
+#include "harness/file_system.h"
 #include "harness/input_error.h"
 #include "reports/atomic_file.h"
 #include "reports/console_report.h"
@@ -29,8 +29,6 @@
 
 namespace gradscope {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct Selection {
   std::vector<std::string> files;
@@ -48,28 +46,19 @@ std::string cases_dir(const Selection& sel) {
 }
 
 std::vector<std::string> suite_files(const std::string& dir, const std::string& suite) {
-  const fs::path folder = fs::path(dir) / suite;
-  std::error_code ec;
-  if (suite.empty() || suite.find("..") != std::string::npos || !fs::is_directory(folder, ec)) {
+  const std::string folder = dir + "/" + suite;
+  if (suite.empty() || suite.find("..") != std::string::npos || !files::is_directory(folder)) {
     std::string available;
-    if (fs::is_directory(dir, ec)) {
-      std::set<std::string> names;
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        if (e.is_directory()) names.insert(e.path().filename().string());
-      }
-      for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
-    }
-    throw InputError("unknown suite '" + suite + "' (no folder " + folder.string() +
+    for (const auto& n : files::subdirectories(dir))
+      available += (available.empty() ? "" : ", ") + n;
+    throw InputError("unknown suite '" + suite + "' (no folder " + folder +
                      "); available suites: " + (available.empty() ? "none" : available));
   }
-  std::vector<std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(folder, ec)) {
-    if (e.is_regular_file() && e.path().extension() == ".toml") files.push_back(e.path().string());
+  auto found = files::find_files(folder, ".toml");
+  if (found.empty()) {
+    throw InputError("suite '" + suite + "' (" + folder + ") holds no .toml case files");
   }
-  std::sort(files.begin(), files.end());
-  if (files.empty())
-    throw InputError("suite '" + suite + "' (" + folder.string() + ") holds no .toml case files");
-  return files;
+  return found;
 }
 
 struct SelectedCase {
@@ -139,11 +128,9 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program) 
 
 void check_output_path(const std::string& path, const char* flag) {
   if (path.empty()) return;
-  const fs::path parent = fs::absolute(path).parent_path();
-  std::error_code ec;
-  if (!fs::is_directory(parent, ec)) {
-    throw InputError(std::string(flag) + " " + path + ": folder " + parent.string() +
-                     " does not exist");
+  const std::string parent = files::parent_directory(path);
+  if (!files::is_directory(parent)) {
+    throw InputError(std::string(flag) + " " + path + ": folder " + parent + " does not exist");
   }
 }
 

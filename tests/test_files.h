@@ -1,10 +1,14 @@
-// Temporary case files for tests; removed with the fixture.
+// Temporary case files for tests; removed with the fixture. POSIX calls, not
+// std::filesystem (see harness/file_system.h for why).
 #pragma once
 
+#include <ftw.h>
+#include <stdlib.h>
 #include <unistd.h>
 
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 namespace gradscope::testing {
@@ -12,28 +16,31 @@ namespace gradscope::testing {
 class TempDir {
  public:
   TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("gradscope-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
+    std::string pattern = "/tmp/gradscope-test-XXXXXX";
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
   }
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ::nftw(
+        path_.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 
+  // Writes `text` to a file directly inside the folder and returns its path.
   std::string write(const std::string& name, const std::string& text) const {
-    const auto p = path_ / name;
-    std::filesystem::create_directories(p.parent_path());
+    const std::string p = path(name);
     std::ofstream(p) << text;
-    return p.string();
+    return p;
   }
-  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+  std::string path(const std::string& name = "") const {
+    return name.empty() ? path_ : path_ + "/" + name;
+  }
 
  private:
-  std::filesystem::path path_;
+  std::string path_;
 };
 
 }  // namespace gradscope::testing

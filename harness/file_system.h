@@ -1,0 +1,22 @@
+// The few file-system queries the harness needs, on POSIX calls.
+// Why not std::filesystem: the PyPI libtorch.so exports its own copies of
+// std::filesystem::status, absolute, create_directories, remove_all and others;
+// at run time they can shadow libstdc++'s and crash (seen on both machines), so
+// code linked with torch avoids them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gradscope::files {
+
+bool is_directory(const std::string& path);
+bool is_regular_file(const std::string& path);
+// Names of the folders directly inside `dir`, sorted.
+std::vector<std::string> subdirectories(const std::string& dir);
+// Paths of the regular files under `dir` (recursively) whose names end in `suffix`, sorted.
+std::vector<std::string> find_files(const std::string& dir, const std::string& suffix);
+// The folder a path names a file in ("." for a bare file name).
+std::string parent_directory(const std::string& path);
+
+}  // namespace gradscope::files

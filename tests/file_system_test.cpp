@@ -1,0 +1,37 @@
+#include "harness/file_system.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+TEST(FileSystem, FindsFilesBySuffixRecursivelyInOrder) {
+  testing::TempDir dir;
+  ASSERT_EQ(::mkdir(dir.path("b").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.path("a").c_str(), 0755), 0);
+  dir.write("b/2.toml", "");
+  dir.write("a/1.toml", "");
+  dir.write("a/notes.txt", "");
+  dir.write("0.toml", "");
+  EXPECT_EQ(
+      files::find_files(dir.path(), ".toml"),
+      (std::vector<std::string>{dir.path("0.toml"), dir.path("a/1.toml"), dir.path("b/2.toml")}));
+  EXPECT_EQ(files::subdirectories(dir.path()), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(files::is_directory(dir.path("a")));
+  EXPECT_FALSE(files::is_regular_file(dir.path("a")));
+  EXPECT_TRUE(files::is_regular_file(dir.path("0.toml")));
+  EXPECT_FALSE(files::is_directory(dir.path("missing")));
+  EXPECT_TRUE(files::find_files(dir.path("missing"), ".toml").empty());
+}
+
+TEST(FileSystem, ParentDirectory) {
+  EXPECT_EQ(files::parent_directory("r.json"), ".");
+  EXPECT_EQ(files::parent_directory("/r.json"), "/");
+  EXPECT_EQ(files::parent_directory("out/x/r.json"), "out/x");
+}
+
+}  // namespace
+}  // namespace gradscope
