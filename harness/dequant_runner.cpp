@@ -10,6 +10,7 @@
 #include "harness/case_runner.h"
 #include "harness/compare.h"
 #include "harness/dtype_names.h"
+#include "harness/gptq_layer_gen.h"
 #include "harness/seeded_streams.h"
 #include "harness/tensor_bridge.h"
 #include "reference/gptq_reference.h"
@@ -21,10 +22,9 @@ using report::SpecValue;
 
 struct DequantCase {
   int64_t in_features, out_features;
-  int bits, group_size;
-  bool desc_act, static_groups, sym, edge_codes;
-  ZeroPointFormat format;
-  at::ScalarType dtype, scales_dtype;
+  GptqGenSpec gptq;
+  bool edge_codes;
+  at::ScalarType dtype;
   std::string storage;  // dtype the packed words are handed to the kernel as
   DequantLayout layout;
   uint64_t seed;
@@ -33,15 +33,9 @@ struct DequantCase {
   explicit DequantCase(const CaseSpec& s)
       : in_features(s.get_int("in_features")),
         out_features(s.get_int("out_features")),
-        bits(static_cast<int>(s.get_int("bits"))),
-        group_size(static_cast<int>(s.get_int("group_size"))),
-        desc_act(s.get_bool("desc_act")),
-        static_groups(s.get_bool("static_groups")),
-        sym(s.get_bool("sym")),
+        gptq(s),
         edge_codes(s.get_bool("edge_codes")),
-        format(parse_zero_point_format(s.get_string("format"))),
         dtype(dtype_from_name(s.get_string("dtype"))),
-        scales_dtype(dtype_from_name(s.get_string("scales_dtype"))),
         storage(s.get_string("storage")),
         layout(s.get_string("layout") == "out_in" ? DequantLayout::kOutIn : DequantLayout::kInOut),
         seed(static_cast<uint64_t>(s.get_int("seed"))),
@@ -53,8 +47,8 @@ struct DequantCase {
 // rows 10 and 21 (where 3-bit codes straddle two words), and the extreme
 // storable zero points of the case's convention.
 void plant_edge_values(QuantizedWeight& q, const DequantCase& c) {
-  const int maxq = max_code(c.bits);
-  const int high_bit = 1 << (c.bits - 1);
+  const int maxq = max_code(c.gptq.bits);
+  const int high_bit = 1 << (c.gptq.bits - 1);
   const int patterns[4] = {maxq, 0, high_bit, maxq ^ high_bit};
   auto codes = q.codes.accessor<int32_t, 2>();
   for (int64_t row : {int64_t{10}, int64_t{21}}) {
@@ -62,7 +56,7 @@ void plant_edge_values(QuantizedWeight& q, const DequantCase& c) {
     for (int64_t n = 0; n < c.out_features; ++n) codes[row][n] = patterns[(n + row) % 4];
   }
   // v1 stores zero - 1, so its extremes are zero 1 (field 0) and maxq + 1 (field maxq).
-  const int lowest = c.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
+  const int lowest = c.gptq.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
   auto zeros = q.zeros.accessor<int32_t, 2>();
   for (int64_t n = 0; n < c.out_features; n += 4) {
     zeros[0][n] = lowest;
@@ -83,43 +77,27 @@ class DequantRunner final : public CaseRunner {
 
   std::vector<FieldSpec> fields() const override {
     const auto s = [](const char* v) { return SpecValue(std::string(v)); };
-    return {
+    std::vector<FieldSpec> f = {
         FieldSpec("in_features", FieldType::kInt, int64_t{256}, "K, rows of W^T")
             .in_range(1, 1 << 20),
         FieldSpec("out_features", FieldType::kInt, int64_t{128}, "N, columns of W^T")
             .in_range(1, 1 << 20),
-        FieldSpec("bits", FieldType::kInt, int64_t{4}, "bits per code")
-            .one_of({int64_t{2}, int64_t{3}, int64_t{4}, int64_t{8}}),
-        FieldSpec("group_size", FieldType::kInt, int64_t{128},
-                  "rows per scale group; -1 = one group")
-            .in_range(-1, 1 << 20),
-        FieldSpec("desc_act", FieldType::kBool, false,
-                  "act-order: rows quantized in a seeded order"),
-        FieldSpec("static_groups", FieldType::kBool, false,
-                  "with desc_act: g_idx stays k / group_size"),
-        FieldSpec("sym", FieldType::kBool, true, "symmetric quantization (zero (maxq + 1) / 2)"),
-        FieldSpec("format", FieldType::kString, s("gptq"), "zero-point convention")
-            .one_of({s("gptq"), s("gptq_v2")}),
-        FieldSpec("scales_dtype", FieldType::kString, s("fp16"), "dtype of the stored scales")
-            .one_of({s("fp16"), s("bf16")}),
-        FieldSpec("storage", FieldType::kString, s("int32"),
-                  "dtype qweight/qzeros are handed to the kernel as (float = FSDP bit view)")
-            .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}),
-        FieldSpec("layout", FieldType::kString, s("in_out"), "output: in_out = W^T, out_in = W")
-            .one_of({s("in_out"), s("out_in")}),
-        FieldSpec("edge_codes", FieldType::kBool, true, "plant edge codes and extreme zero points"),
     };
+    for (auto& g : gptq_fields()) f.push_back(std::move(g));
+    f.push_back(FieldSpec("storage", FieldType::kString, s("int32"),
+                          "dtype qweight/qzeros are handed to the kernel as (float = FSDP bit view)")
+                    .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}));
+    f.push_back(FieldSpec("layout", FieldType::kString, s("in_out"), "output: in_out = W^T, out_in = W")
+                    .one_of({s("in_out"), s("out_in")}));
+    f.push_back(FieldSpec("edge_codes", FieldType::kBool, true, "plant edge codes and extreme zero points"));
+    return f;
   }
 
   std::string case_id(const CaseSpec& s) const override {
     const DequantCase c(s);
     std::ostringstream id;
     id << "dequant." << s.get_string("dtype") << ".k" << c.in_features << "n" << c.out_features
-       << ".b" << c.bits << "g"
-       << (c.group_size == -1 ? std::string("all") : std::to_string(c.group_size));
-    if (c.desc_act) id << (c.static_groups ? ".act-static" : ".act");
-    id << (c.format == ZeroPointFormat::kGptqV1 ? ".v1" : ".v2") << (c.sym ? ".sym" : ".asym");
-    if (s.get_string("scales_dtype") != "fp16") id << ".scales-" << s.get_string("scales_dtype");
+       << "." << c.gptq.id_part();
     if (c.storage != "int32") id << ".view-" << c.storage;
     if (c.layout == DequantLayout::kOutIn) id << ".out-in";
     if (!c.edge_codes) id << ".noedge";
@@ -129,60 +107,24 @@ class DequantRunner final : public CaseRunner {
 
   void validate(const CaseSpec& s) const override {
     const DequantCase c(s);
-    if (c.group_size == 0) throw_field_error(s, "group_size", "must be -1 or positive, got 0");
-    if (c.bits == 3) {
-      if (c.in_features % 32 != 0) {
-        throw_field_error(
-            s, "in_features",
-            "must be a multiple of 32 for 3-bit qweight, got " + std::to_string(c.in_features));
-      }
-      if (c.out_features % 32 != 0) {
-        throw_field_error(
-            s, "out_features",
-            "must be a multiple of 32 for 3-bit qzeros, got " + std::to_string(c.out_features));
-      }
-    }
-    const int64_t per_word = 32 / (c.bits == 3 ? 32 : c.bits);
-    if (c.in_features % per_word != 0) {
-      throw_field_error(s, "in_features",
-                        "must be a multiple of " + std::to_string(per_word) + " to fill whole " +
-                            std::to_string(c.bits) + "-bit qweight words, got " +
-                            std::to_string(c.in_features));
-    }
-    if (c.out_features % per_word != 0) {
-      throw_field_error(s, "out_features",
-                        "must be a multiple of " + std::to_string(per_word) + " to fill whole " +
-                            std::to_string(c.bits) + "-bit qzeros words, got " +
-                            std::to_string(c.out_features));
-    }
+    validate_gptq_fields(s);
+    validate_gptq_shape(s, c.in_features, c.out_features, "in_features", "out_features");
     const bool half_view = c.storage == "fp16" || c.storage == "bf16";
-    if (half_view && (c.out_features % 2 != 0 || (c.out_features * c.bits / 32) % 2 != 0)) {
+    if (half_view && (c.out_features % 2 != 0 || (c.out_features * c.gptq.bits / 32) % 2 != 0)) {
       throw_field_error(s, "storage",
                         "'" + c.storage +
                             "' views each int32 word as two halves, so qweight's and "
                             "qzeros' last dimensions must be even (out_features " +
                             std::to_string(c.out_features) + ")");
     }
-    if (c.static_groups && !c.desc_act) {
-      throw_field_error(s, "static_groups", "only applies with desc_act = true");
-    }
   }
 
   std::vector<report::Check> run(const CaseSpec& s, const std::string& id) const override {
     const DequantCase c(s);
     const int64_t K = c.in_features, N = c.out_features;
-    const auto weight_t = normal_tensor(c.seed, "weight", {K, N}, 0.02).to(at::kFloat);
-    const auto order = c.desc_act ? permutation(c.seed, "act_order", K) : at::Tensor();
-    QuantizeOptions options;
-    options.bits = c.bits;
-    options.group_size = c.group_size;
-    options.sym = c.sym;
-    options.desc_act = c.desc_act;
-    options.static_groups = c.static_groups;
-    options.min_zero = c.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
-    QuantizedWeight q = quantize_gptq(weight_t, order, options);
+    QuantizedWeight q = quantize_seeded_layer(c.seed, "", K, N, c.gptq);
     if (c.edge_codes) plant_edge_values(q, c);
-    const GptqWeight packed = pack_gptq(q, c.bits, c.format, c.scales_dtype);
+    const GptqWeight packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
 
     // Reference: decodes the packed words on its own.
     const reference::GptqLayer ref_layer = bridge::to_reference(packed);
@@ -203,8 +145,8 @@ class DequantRunner final : public CaseRunner {
     on_device.scales = packed.scales.to(device);
     on_device.g_idx = packed.g_idx.to(device);
     const auto prod_weight = dequantize_gptq(on_device, c.dtype, c.layout).cpu();
-    const auto prod_codes = unpack_rows(packed.qweight, c.bits, K);
-    const auto prod_zeros = decode_zero_points(packed.qzeros, c.bits, N, c.format);
+    const auto prod_codes = unpack_rows(packed.qweight, c.gptq.bits, K);
+    const auto prod_zeros = decode_zero_points(packed.qzeros, c.gptq.bits, N, c.gptq.format);
 
     const auto describe = [&, transposed = c.layout ==
                                            DequantLayout::kOutIn](const std::vector<int64_t>& idx) {
@@ -251,23 +193,23 @@ class DequantRunner final : public CaseRunner {
   static report::Check check_zero_point_roundtrip(const std::string& p, const GptqWeight& packed,
                                                   const QuantizedWeight& q, const DequantCase& c) {
     const auto other =
-        c.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2 : ZeroPointFormat::kGptqV1;
-    const std::string path = p + "qzeros_roundtrip_" + to_string(c.format) + "_" +
-                             to_string(other) + "_" + to_string(c.format);
-    const int maxq = max_code(c.bits);
+        c.gptq.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2 : ZeroPointFormat::kGptqV1;
+    const std::string path = p + "qzeros_roundtrip_" + to_string(c.gptq.format) + "_" +
+                             to_string(other) + "_" + to_string(c.gptq.format);
+    const int maxq = max_code(c.gptq.bits);
     const bool representable = other == ZeroPointFormat::kGptqV1
                                    ? q.zeros.min().item<int32_t>() >= 1
                                    : q.zeros.max().item<int32_t>() <= maxq;
     at::Tensor converted;
     std::string refusal;
     try {
-      converted = convert_zero_points(packed.qzeros, c.bits, c.out_features, c.format, other);
+      converted = convert_zero_points(packed.qzeros, c.gptq.bits, c.out_features, c.gptq.format, other);
     } catch (const std::invalid_argument& e) {
       refusal = e.what();
     }
     if (!representable) {
       return expect_rejection(path,
-                              "zero points " + to_string(c.format) + " cannot store in " +
+                              "zero points " + to_string(c.gptq.format) + " cannot store in " +
                                   to_string(other) + " must be refused",
                               !refusal.empty(), "");
     }
@@ -277,7 +219,7 @@ class DequantRunner final : public CaseRunner {
       failed.failure = path + ": conversion refused zero points that are storable: " + refusal;
       return failed;
     }
-    const auto back = convert_zero_points(converted, c.bits, c.out_features, other, c.format);
+    const auto back = convert_zero_points(converted, c.gptq.bits, c.out_features, other, c.gptq.format);
     return compare_exact(path, "qzeros words after a round trip vs the original words", back,
                          packed.qzeros.to(at::kLong));
   }

@@ -1,6 +1,7 @@
 #include "harness/seeded_streams.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,7 +63,10 @@ at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef s
   const SeededStream stream(seed, name);
   auto t = at::empty(shape, at::kDouble);
   double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = stddev * stream.normal(i);
+  // Element i depends on i alone, so threads cannot change the values.
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = stddev * stream.normal(i);
+  });
   return t;
 }
 
@@ -70,7 +74,9 @@ at::Tensor uniform_tensor(uint64_t seed, std::string_view name, at::IntArrayRef 
   const SeededStream stream(seed, name);
   auto t = at::empty(shape, at::kDouble);
   double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = stream.uniform(i);
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = stream.uniform(i);
+  });
   return t;
 }
 
