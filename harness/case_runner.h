@@ -10,6 +10,11 @@
 
 namespace gradscope {
 
+struct RunOutput {
+  std::vector<report::Check> checks;
+  std::vector<std::pair<std::string, double>> metrics;  // reported, not gated
+};
+
 class CaseRunner {
  public:
   virtual ~CaseRunner() = default;
@@ -21,7 +26,7 @@ class CaseRunner {
   // Cross-field rules (impossible shapes); throws InputError naming the field.
   virtual void validate(const CaseSpec& spec) const = 0;
   // Runs prod and the reference and returns every check, paths prefixed by `id`.
-  virtual std::vector<report::Check> run(const CaseSpec& spec, const std::string& id) const = 0;
+  virtual RunOutput run(const CaseSpec& spec, const std::string& id) const = 0;
 };
 
 // nullptr for an unknown kind.
@@ -30,5 +35,8 @@ std::vector<std::string> runner_kinds();
 
 // Factories, one per kind (defined in each runner's file).
 std::unique_ptr<CaseRunner> make_dequant_runner();
+std::unique_ptr<CaseRunner> make_lora_w_runner();
+std::unique_ptr<CaseRunner> make_qkv_runner();
+std::unique_ptr<CaseRunner> make_mlp_runner();
 
 }  // namespace gradscope

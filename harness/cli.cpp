@@ -110,7 +110,9 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program) 
                   std::to_string(sc.spec.get_int("seed"));
   const auto start = std::chrono::steady_clock::now();
   try {
-    result.checks = find_runner(sc.spec.kind)->run(sc.spec, sc.id);
+    auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id);
+    result.checks = std::move(output.checks);
+    result.metrics = std::move(output.metrics);
   } catch (const c10::Error& e) {
     report::Check error;
     error.path = sc.id + "/error";

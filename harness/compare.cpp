@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -104,6 +105,116 @@ report::Check compare_exact(const std::string& path, const std::string& compared
   if (worst.ref_fp64) msg << " (fp64 " << g(*worst.ref_fp64) << ")";
   if (!worst.detail.empty()) msg << "; " << worst.detail;
   check.worst = worst;
+  check.failure = msg.str();
+  return check;
+}
+
+double dtype_epsilon(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return 0x1.0p-10;
+    case at::kBFloat16:
+      return 0x1.0p-7;
+    case at::kDouble:
+      return 0x1.0p-52;
+    default:
+      return 0x1.0p-23;
+  }
+}
+
+double ulp(double magnitude, at::ScalarType dtype) {
+  if (magnitude == 0 || !std::isfinite(magnitude)) return 0;
+  return dtype_epsilon(dtype) * std::ldexp(1.0, std::ilogb(magnitude));
+}
+
+namespace {
+
+// torch.testing.assert_close's default (rtol, atol); mixed dtypes take the looser pair.
+std::pair<double, double> default_tolerances(at::ScalarType a, at::ScalarType b) {
+  const auto tol = [](at::ScalarType t) -> std::pair<double, double> {
+    switch (t) {
+      case at::kHalf:
+        return {1e-3, 1e-5};
+      case at::kBFloat16:
+        return {1.6e-2, 1e-5};
+      case at::kDouble:
+        return {1e-7, 1e-7};
+      default:
+        return {1.3e-6, 1e-5};
+    }
+  };
+  const auto ta = tol(a), tb = tol(b);
+  return ta.first >= tb.first ? ta : tb;
+}
+
+}  // namespace
+
+report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
+                            const at::Tensor& base_in, const at::Tensor& ref_in,
+                            at::ScalarType compute_dtype, double ratio) {
+  report::Check check;
+  check.path = path;
+  check.compared = "prod and same-dtype baseline vs fp64 reference";
+  const auto prod = prod_in.detach().cpu().to(at::kDouble).contiguous();
+  const auto base = base_in.detach().cpu().to(at::kDouble).contiguous();
+  const auto ref = ref_in.detach().cpu().to(at::kDouble).contiguous();
+  check.numel = prod.numel();
+  if (prod.sizes() != ref.sizes() || base.sizes() != ref.sizes()) {
+    std::ostringstream msg;
+    msg << path << ": shape mismatch: prod " << prod.sizes() << ", base " << base.sizes()
+        << ", ref " << ref.sizes();
+    check.failure = msg.str();
+    check.mismatches = check.numel;
+    return check;
+  }
+  const auto diff = (prod - ref).abs();
+  const double ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
+  check.max_abs = check.numel ? diff.max().item<double>() : 0.0;
+  check.mean_abs = check.numel ? diff.mean().item<double>() : 0.0;
+  const double base_err = check.numel ? (base - ref).abs().max().item<double>() : 0.0;
+  check.baseline_max_abs = base_err;
+  const double floor = 2.0 * ulp(ref_max, compute_dtype);
+  check.limit = ratio * base_err + floor;
+  const double ref_norm = ref.norm().item<double>(), prod_norm = prod.norm().item<double>();
+  check.rel_fro = ref_norm > 0 ? (prod - ref).norm().item<double>() / ref_norm : 0.0;
+  check.cosine = ref_norm > 0 && prod_norm > 0
+                     ? (prod * ref).sum().item<double>() / (prod_norm * ref_norm)
+                     : 0.0;
+  const auto [rtol, atol] = default_tolerances(prod_in.scalar_type(), compute_dtype);
+  check.mismatches = diff.gt(ref.abs() * rtol + atol).sum().item<int64_t>();
+  const bool degenerate = ref_norm == 0 || prod_norm == 0;
+  check.passed = !degenerate && check.max_abs <= check.limit;
+
+  if (check.numel > 0) {
+    const int64_t flat = diff.argmax().item<int64_t>();
+    report::WorstElement worst;
+    worst.index = unravel_index(flat, prod.sizes());
+    worst.prod = prod.view(-1)[flat].item<double>();
+    worst.ref = ref.view(-1)[flat].item<double>();
+    worst.base = base.view(-1)[flat].item<double>();
+    check.worst = worst;
+  }
+  if (check.passed) return check;
+  std::ostringstream msg;
+  if (degenerate) {
+    msg << path << ": degenerate: " << (ref_norm == 0 ? "the reference" : "prod")
+        << " is all zero (a zero gradient is a failure, not a pass)";
+    check.failure = msg.str();
+    return check;
+  }
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.3g%%", 100.0 * check.mismatches / check.numel);
+  const auto& w = *check.worst;
+  msg << path << ": err(prod) " << g(check.max_abs) << " > limit " << g(check.limit) << " = "
+      << ratio << " x err(base) " << g(base_err) << " + floor " << g(floor) << " ("
+      << c10::toString(compute_dtype) << ")\n"
+      << "        Mismatched elements (rtol " << rtol << ", atol " << atol
+      << "): " << check.mismatches << " / " << check.numel << " (" << pct << ")\n"
+      << "        Greatest absolute difference: " << g(check.max_abs) << " at index "
+      << format_index(w.index) << "\n"
+      << "        at " << format_index(w.index) << ": prod " << g(w.prod) << ", base " << g(*w.base)
+      << ", ref " << g(w.ref) << "; relative Frobenius error " << g(*check.rel_fro) << ", cosine "
+      << g(*check.cosine);
   check.failure = msg.str();
   return check;
 }

@@ -22,6 +22,20 @@ report::Check compare_exact(const std::string& path, const std::string& compared
                             const at::Tensor& prod, const at::Tensor& ref,
                             const ElementDescriber& describe = {});
 
+// The ratio rule (shared/docs/verification.md): with err(x) = max |x - ref|,
+// pass iff err(prod) <= ratio * err(base) + floor, floor = 2 * ulp(max |ref|) in the
+// compute dtype: room for a correct result rounded differently from an exact baseline. Fails a
+// reference or a prod that is all zero. Reports mean error, relative Frobenius error, cosine, the
+// worst element and the mismatch count under torch.testing's default tolerances.
+report::Check compare_ratio(const std::string& path, const at::Tensor& prod, const at::Tensor& base,
+                            const at::Tensor& ref, at::ScalarType compute_dtype,
+                            double ratio = 2.0);
+
+// Machine epsilon of fp32 / fp16 / bf16 (fp64 too).
+double dtype_epsilon(at::ScalarType dtype);
+// Unit in the last place of `magnitude` in `dtype` (normal range).
+double ulp(double magnitude, at::ScalarType dtype);
+
 // A check that an operation refused its input (and did not silently proceed).
 report::Check expect_rejection(const std::string& path, const std::string& compared, bool rejected,
                                const std::string& detail);

@@ -84,12 +84,15 @@ class DequantRunner final : public CaseRunner {
             .in_range(1, 1 << 20),
     };
     for (auto& g : gptq_fields()) f.push_back(std::move(g));
-    f.push_back(FieldSpec("storage", FieldType::kString, s("int32"),
-                          "dtype qweight/qzeros are handed to the kernel as (float = FSDP bit view)")
-                    .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}));
-    f.push_back(FieldSpec("layout", FieldType::kString, s("in_out"), "output: in_out = W^T, out_in = W")
-                    .one_of({s("in_out"), s("out_in")}));
-    f.push_back(FieldSpec("edge_codes", FieldType::kBool, true, "plant edge codes and extreme zero points"));
+    f.push_back(
+        FieldSpec("storage", FieldType::kString, s("int32"),
+                  "dtype qweight/qzeros are handed to the kernel as (float = FSDP bit view)")
+            .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}));
+    f.push_back(
+        FieldSpec("layout", FieldType::kString, s("in_out"), "output: in_out = W^T, out_in = W")
+            .one_of({s("in_out"), s("out_in")}));
+    f.push_back(FieldSpec("edge_codes", FieldType::kBool, true,
+                          "plant edge codes and extreme zero points"));
     return f;
   }
 
@@ -119,7 +122,7 @@ class DequantRunner final : public CaseRunner {
     }
   }
 
-  std::vector<report::Check> run(const CaseSpec& s, const std::string& id) const override {
+  RunOutput run(const CaseSpec& s, const std::string& id) const override {
     const DequantCase c(s);
     const int64_t K = c.in_features, N = c.out_features;
     QuantizedWeight q = quantize_seeded_layer(c.seed, "", K, N, c.gptq);
@@ -184,7 +187,7 @@ class DequantRunner final : public CaseRunner {
                                        s.get_string("dtype"),
                                    prod_weight, ref_in_layout, describe));
     checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
-    return checks;
+    return {checks, {}};
   }
 
  private:
@@ -192,8 +195,8 @@ class DequantRunner final : public CaseRunner {
   // refuses a zero point the other convention cannot store.
   static report::Check check_zero_point_roundtrip(const std::string& p, const GptqWeight& packed,
                                                   const QuantizedWeight& q, const DequantCase& c) {
-    const auto other =
-        c.gptq.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2 : ZeroPointFormat::kGptqV1;
+    const auto other = c.gptq.format == ZeroPointFormat::kGptqV1 ? ZeroPointFormat::kGptqV2
+                                                                 : ZeroPointFormat::kGptqV1;
     const std::string path = p + "qzeros_roundtrip_" + to_string(c.gptq.format) + "_" +
                              to_string(other) + "_" + to_string(c.gptq.format);
     const int maxq = max_code(c.gptq.bits);
@@ -203,7 +206,8 @@ class DequantRunner final : public CaseRunner {
     at::Tensor converted;
     std::string refusal;
     try {
-      converted = convert_zero_points(packed.qzeros, c.gptq.bits, c.out_features, c.gptq.format, other);
+      converted =
+          convert_zero_points(packed.qzeros, c.gptq.bits, c.out_features, c.gptq.format, other);
     } catch (const std::invalid_argument& e) {
       refusal = e.what();
     }
@@ -219,7 +223,8 @@ class DequantRunner final : public CaseRunner {
       failed.failure = path + ": conversion refused zero points that are storable: " + refusal;
       return failed;
     }
-    const auto back = convert_zero_points(converted, c.gptq.bits, c.out_features, other, c.gptq.format);
+    const auto back =
+        convert_zero_points(converted, c.gptq.bits, c.out_features, other, c.gptq.format);
     return compare_exact(path, "qzeros words after a round trip vs the original words", back,
                          packed.qzeros.to(at::kLong));
   }

@@ -9,6 +9,9 @@ const std::vector<std::unique_ptr<CaseRunner>>& registry() {
   static const auto runners = [] {
     std::vector<std::unique_ptr<CaseRunner>> r;
     r.push_back(make_dequant_runner());
+    r.push_back(make_lora_w_runner());
+    r.push_back(make_qkv_runner());
+    r.push_back(make_mlp_runner());
     return r;
   }();
   return runners;

@@ -40,6 +40,14 @@ at::Tensor to_tensor(const reference::Matrix& m) {
   return t;
 }
 
+reference::Matrix to_matrix(const at::Tensor& t) {
+  const auto d = t.detach().cpu().to(at::kDouble).contiguous();
+  const int64_t cols = d.dim() == 0 ? 1 : d.size(-1);
+  reference::Matrix m(cols == 0 ? 0 : d.numel() / cols, cols);
+  std::memcpy(m.data(), d.data_ptr<double>(), sizeof(double) * d.numel());
+  return m;
+}
+
 at::Tensor to_tensor(const reference::IntMatrix& m) {
   auto t = at::empty({m.rows(), m.cols()}, at::kLong);
   std::memcpy(t.data_ptr<int64_t>(), m.data(), sizeof(int64_t) * m.size());

@@ -12,7 +12,9 @@ namespace gradscope::bridge {
 // Copies the packed words, scales and g_idx of a layer into the reference's form.
 reference::GptqLayer to_reference(const GptqWeight& weight);
 
-at::Tensor to_tensor(const reference::Matrix& m);     // fp64 [rows, cols]
+at::Tensor to_tensor(const reference::Matrix& m);  // fp64 [rows, cols]
+// Any float tensor's values in fp64, as [numel / last dim, last dim] (rows = tokens).
+reference::Matrix to_matrix(const at::Tensor& t);
 at::Tensor to_tensor(const reference::IntMatrix& m);  // int64 [rows, cols]
 
 }  // namespace gradscope::bridge

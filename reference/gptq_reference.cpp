@@ -59,6 +59,8 @@ IntMatrix decode_codes(const GptqLayer& l) {
   check_layer(l);
   const int64_t K = l.in_features, N = l.out_features;
   IntMatrix codes(K, N);
+  // Elements are independent: threads change the speed, never a value.
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     // qweight is packed along K: the words of column n are qweight[:, n].
     auto word = [&](int64_t i) { return l.qweight[i * N + n]; };
@@ -71,6 +73,7 @@ IntMatrix decode_zeros(const GptqLayer& l) {
   check_layer(l);
   const int64_t N = l.out_features, row_words = N * l.bits / 32;
   IntMatrix zeros(l.groups, N);
+#pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < l.groups; ++g) {
     // qzeros is packed along N: the words of group g are qzeros[g, :].
     auto word = [&](int64_t i) { return l.qzeros[g * row_words + i]; };
@@ -87,6 +90,7 @@ Matrix dequantize(const GptqLayer& l) {
   const IntMatrix zeros = decode_zeros(l);
   const int64_t K = l.in_features, N = l.out_features;
   Matrix w(K, N);
+#pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < K; ++k) {
     const int64_t g = l.g_idx[k];
     for (int64_t n = 0; n < N; ++n) {

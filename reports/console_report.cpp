@@ -14,6 +14,26 @@ std::string format_number(double v) {
   return buf;
 }
 
+// One row per projection x tensor: the ratio rule's inputs and verdict.
+void print_ratio_table(std::ostream& out, const CaseResult& r) {
+  char line[512];
+  std::snprintf(line, sizeof line, "      %-42s %10s %10s %6s %10s %10s %9s %10s  %s\n", "tensor",
+                "err(prod)", "err(base)", "ratio", "limit", "mean_abs", "rel_fro", "cosine",
+                "status");
+  out << line;
+  for (const auto& c : r.checks) {
+    if (!c.baseline_max_abs) continue;
+    const std::string name =
+        c.path.rfind(r.id + "/", 0) == 0 ? c.path.substr(r.id.size() + 1) : c.path;
+    const double base = *c.baseline_max_abs;
+    std::snprintf(line, sizeof line,
+                  "      %-42s %10.3g %10.3g %6.2f %10.3g %10.3g %9.2g %10.7f  %s\n", name.c_str(),
+                  c.max_abs, base, base > 0 ? c.max_abs / base : 0.0, c.limit, c.mean_abs,
+                  c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
+    out << line;
+  }
+}
+
 }  // namespace
 
 void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& options) {
@@ -29,10 +49,17 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
                 format_number(worst).c_str(), r.seconds);
   out << line;
   if (r.checks.empty()) out << "      no checks ran (a case without checks is a failure)\n";
+  const bool has_ratio_checks = std::any_of(r.checks.begin(), r.checks.end(), [](const Check& c) {
+    return c.baseline_max_abs.has_value();
+  });
+  if (has_ratio_checks && !options.quiet) print_ratio_table(out, r);
   for (const auto& c : r.checks) {
     if (c.passed) continue;
     out << "      " << c.failure;
     if (!c.failure.empty() && c.failure.back() != '\n') out << '\n';
+  }
+  for (const auto& [name, value] : r.metrics) {
+    if (!options.quiet) out << "      " << name << " " << format_number(value) << '\n';
   }
   if (!passed) out << "      replay: " << r.replay << '\n';
 }

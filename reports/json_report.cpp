@@ -25,7 +25,9 @@ nlohmann::ordered_json check_json(const Check& c) {
                               {"max_abs", c.max_abs},
                               {"mean_abs", c.mean_abs},
                               {"baseline_max_abs", optional_number(c.baseline_max_abs)},
-                              {"limit", c.limit}};
+                              {"limit", c.limit},
+                              {"rel_fro", optional_number(c.rel_fro)},
+                              {"cosine", optional_number(c.cosine)}};
   if (c.worst) {
     const auto& w = *c.worst;
     j["worst"] = {{"index", w.index},
@@ -40,6 +42,12 @@ nlohmann::ordered_json check_json(const Check& c) {
   j["message"] =
       c.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.failure);
   return j;
+}
+
+nlohmann::ordered_json metrics_json(const std::vector<std::pair<std::string, double>>& metrics) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : metrics) out[name] = value;
+  return out;
 }
 
 }  // namespace
@@ -65,6 +73,7 @@ nlohmann::ordered_json to_json(const RunReport& report) {
                      {"source", c.source},
                      {"spec", spec_json(c.spec)},
                      {"checks", checks},
+                     {"metrics", metrics_json(c.metrics)},
                      {"replay", c.replay}});
   }
   j["cases"] = cases;

@@ -38,6 +38,8 @@ struct Check {
   double mean_abs = 0;
   std::optional<double> baseline_max_abs;  // max |base - ref|; none for exact checks
   double limit = 0;                        // the largest max_abs that passes
+  std::optional<double> rel_fro;           // ||prod - ref|| / ||ref||
+  std::optional<double> cosine;            // <prod, ref> / (||prod|| ||ref||)
   std::optional<WorstElement> worst;
   std::string failure;  // assert_close-style message; empty when passed
 };
@@ -49,6 +51,8 @@ struct CaseResult {
   SpecFields spec;     // resolved fields, named as in the case file
   std::vector<Check> checks;
   std::string replay;  // command that runs just this case
+  // Figures reported, not gated: peak memory, timings.
+  std::vector<std::pair<std::string, double>> metrics;
   double seconds = 0;
 
   bool passed() const {

@@ -63,3 +63,50 @@ TEST(ExpectRejection, FailsWhenTheOperationProceeded) {
 
 }  // namespace
 }  // namespace gradscope
+
+namespace gradscope {
+namespace {
+
+TEST(CompareRatio, PassesWithinTwiceTheBaselineErrorPlusFloor) {
+  const auto ref = at::linspace(-3, 3, 100, at::kDouble);  // max |ref| = 3: ulp(3) in bf16 = 2^-6
+  const auto base = ref + 0.1;
+  const auto ok = compare_ratio("c/t", ref + 0.2, base, ref, at::kBFloat16);
+  EXPECT_TRUE(ok.passed) << ok.failure;
+  EXPECT_NEAR(*ok.baseline_max_abs, 0.1, 1e-12);
+  EXPECT_NEAR(ok.limit, 2 * 0.1 + 2 * 0x1.0p-6, 1e-12);
+  const auto bad = compare_ratio("c/t", ref + 0.25, base, ref, at::kBFloat16);
+  EXPECT_FALSE(bad.passed);
+  EXPECT_NE(bad.failure.find("c/t: err(prod) 0.25"), std::string::npos) << bad.failure;
+  EXPECT_NE(bad.failure.find("2 x err(base) 0.1"), std::string::npos) << bad.failure;
+}
+
+TEST(CompareRatio, FloorCoversAnExactBaselineButOnlyByTwoUlp) {
+  const auto ref = at::full({10}, 1.5, at::kDouble);  // ulp(1.5) in fp16 = 2^-10
+  EXPECT_TRUE(compare_ratio("p", ref + 0x1.0p-10, ref, ref, at::kHalf).passed);
+  EXPECT_FALSE(compare_ratio("p", ref + 0x1.8p-9, ref, ref, at::kHalf).passed);
+}
+
+TEST(CompareRatio, ZeroGradientsAreFailures) {
+  const auto ref = at::ones({4}, at::kDouble);
+  const auto zero = compare_ratio("p/lora_A.grad", at::zeros({4}), at::zeros({4}), ref, at::kFloat);
+  EXPECT_FALSE(zero.passed);
+  EXPECT_NE(zero.failure.find("prod is all zero"), std::string::npos) << zero.failure;
+  EXPECT_FALSE(
+      compare_ratio("p", at::zeros({4}), at::zeros({4}), at::zeros({4}, at::kDouble), at::kFloat)
+          .passed);
+}
+
+TEST(CompareRatio, ReportsWorstElementAndMismatchesUnderDefaultTolerances) {
+  const auto ref = at::ones({2, 3}, at::kDouble);
+  auto prod = ref.to(at::kFloat).clone();
+  prod[1][2] = 1.5;
+  const auto c = compare_ratio("p", prod, ref, ref, at::kFloat);
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.mismatches, 1);
+  EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(c.failure.find("prod 1.5, base 1, ref 1"), std::string::npos) << c.failure;
+  EXPECT_LT(*c.cosine, 1.0);
+}
+
+}  // namespace
+}  // namespace gradscope

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "cuda_glue.h"
 #include "dequant_cuda_launch.h"
 #endif
 
@@ -23,19 +24,6 @@ bool built_with_cuda() {
 namespace detail {
 
 #ifdef GRADSCOPE_WITH_CUDA
-namespace {
-cuda::ElementType element_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return cuda::ElementType::kFloat32;
-    case at::kHalf:
-      return cuda::ElementType::kFloat16;
-    default:
-      return cuda::ElementType::kBFloat16;
-  }
-}
-}  // namespace
-
 at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtype,
                                 DequantLayout layout) {
   const c10::cuda::CUDAGuard guard(in.qweight.device());

@@ -1,0 +1,25 @@
+// The baseline: what peft on top of a plain torch QuantLinear computes, as unfused
+// ATen ops in the case's dtype, with autograd doing the backward. It shares no code
+// with prod: its dequantization is tensor shifts and masks written here.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "gradscope/gptq_format.h"
+#include "gradscope/lora_ops.h"
+
+namespace gradscope::baseline {
+
+// W^T [K, N] in `dtype`: codes and zeros unpacked with int64 tensor shifts, scales and
+// zeros gathered through g_idx, fp32 arithmetic, one rounding.
+at::Tensor dequantize(const GptqWeight& weight, at::ScalarType dtype);
+
+// result = x W^T + b; lora = (dropout(x) A^T) B^T * scaling; return result + lora.
+at::Tensor lora_linear(const at::Tensor& x, const LoraProjection& proj, const LoraDropout& dropout);
+
+// down(silu(gate(x)) * up(x)) with at::silu.
+at::Tensor lora_mlp(const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,
+                    const LoraProjection& down, const LoraDropout& dropout_x,
+                    const LoraDropout& dropout_h);
+
+}  // namespace gradscope::baseline

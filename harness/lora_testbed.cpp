@@ -1,0 +1,210 @@
+#include "harness/lora_testbed.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "harness/compare.h"
+#include "harness/dtype_names.h"
+#include "harness/seeded_streams.h"
+#include "harness/tensor_bridge.h"
+
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace gradscope::lora_testbed {
+
+using report::SpecValue;
+
+std::vector<FieldSpec> fields() {
+  const auto s = [](const char* v) { return SpecValue(std::string(v)); };
+  std::vector<FieldSpec> f = {
+      FieldSpec("rank", FieldType::kInt, int64_t{8}, "LoRA rank r").in_range(1, 4096),
+      FieldSpec("alpha", FieldType::kFloat, 16.0, "LoRA alpha; scaling = alpha / r")
+          .in_range(-1e6, 1e6),
+      FieldSpec("rslora", FieldType::kBool, false, "rsLoRA: scaling = alpha / sqrt(r)"),
+      FieldSpec("dropout", FieldType::kFloat, 0.0, "dropout p on the adapter inputs, [0, 1)")
+          .in_range(0, 1),
+      FieldSpec("bias", FieldType::kBool, false, "frozen base bias on every projection"),
+      FieldSpec("adapter_dtype", FieldType::kString, s("fp32"), "dtype of lora_A and lora_B")
+          .one_of({s("fp32"), s("fp16"), s("bf16")}),
+      FieldSpec("batch", FieldType::kInt, int64_t{2}, "batch; 0 = 2-D input [seq, features]")
+          .in_range(0, 1 << 16),
+      FieldSpec("seq", FieldType::kInt, int64_t{32}, "tokens per sequence").in_range(1, 1 << 20),
+  };
+  for (auto& g : gptq_fields()) f.push_back(std::move(g));
+  return f;
+}
+
+void validate(const CaseSpec& spec) {
+  validate_gptq_fields(spec);
+  if (spec.get_float("dropout") >= 1.0) {
+    throw_field_error(spec, "dropout",
+                      "must be below 1 (p = 1 drops every input), got " +
+                          report::format_spec_value(spec.get_float("dropout")));
+  }
+}
+
+Config::Config(const CaseSpec& s)
+    : dtype(dtype_from_name(s.get_string("dtype"))),
+      adapter_dtype(dtype_from_name(s.get_string("adapter_dtype"))),
+      device(s.get_string("device") == "cuda" ? at::kCUDA : at::kCPU),
+      seed(static_cast<uint64_t>(s.get_int("seed"))),
+      rank(s.get_int("rank")),
+      alpha(s.get_float("alpha")),
+      rslora(s.get_bool("rslora")),
+      dropout(s.get_float("dropout")),
+      bias(s.get_bool("bias")),
+      batch(s.get_int("batch")),
+      seq(s.get_int("seq")),
+      gptq(s) {}
+
+double Config::scaling() const {
+  return lora_scaling(alpha, rank, rslora);
+}
+
+std::vector<int64_t> Config::shape(int64_t features) const {
+  return batch > 0 ? std::vector<int64_t>{batch, seq, features}
+                   : std::vector<int64_t>{seq, features};
+}
+
+std::string Config::id_suffix() const {
+  std::ostringstream id;
+  id << ".t" << (batch > 0 ? std::to_string(batch) + "x" : "") << seq << ".r" << rank << "."
+     << gptq.id_part();
+  if (dropout > 0) id << ".p" << dropout;
+  if (bias) id << ".bias";
+  if (alpha != 16.0) id << ".a" << alpha;
+  if (rslora) id << ".rslora";
+  if (adapter_dtype != at::kFloat)
+    id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
+  id << ".s" << seed;
+  return id.str();
+}
+
+namespace {
+
+// fp64 master -> the dtype an implementation holds -> its exact values for the reference.
+at::Tensor rounded(const at::Tensor& master, at::ScalarType dtype) {
+  return master.to(dtype);
+}
+
+at::Tensor leaf(const at::Tensor& values, const at::Device& device, bool requires_grad) {
+  return values.to(device).clone().detach().requires_grad_(requires_grad);
+}
+
+}  // namespace
+
+Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out) {
+  Projection p;
+  p.name = name;
+  const auto q = quantize_seeded_layer(c.seed, name + ".", in, out, c.gptq);
+  GptqWeight packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
+  // lora_A ~ N(0, 1/in) like peft's kaiming init; lora_B is drawn non-zero (peft starts it
+  // at zero, which would make dA identically zero and the check meaningless).
+  const auto a = rounded(normal_tensor(c.seed, name + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
+                         c.adapter_dtype);
+  const auto b = rounded(normal_tensor(c.seed, name + ".lora_B", {out, c.rank},
+                                       0.5 / std::sqrt(static_cast<double>(c.rank))),
+                         c.adapter_dtype);
+  const auto bias =
+      c.bias ? rounded(normal_tensor(c.seed, name + ".bias", {out}, 0.1), c.dtype) : at::Tensor();
+
+  p.ref.weight_t = reference::dequantize(bridge::to_reference(packed));
+  if (bias.defined()) p.ref.bias = bridge::to_matrix(bias).row(0);
+  p.ref.lora_A = bridge::to_matrix(a);
+  p.ref.lora_B = bridge::to_matrix(b);
+  p.ref.scaling = c.scaling();
+
+  GptqWeight on_device = packed;
+  on_device.qweight = packed.qweight.to(c.device);
+  on_device.qzeros = packed.qzeros.to(c.device);
+  on_device.scales = packed.scales.to(c.device);
+  on_device.g_idx = packed.g_idx.to(c.device);
+  for (LoraProjection* impl : {&p.prod, &p.base}) {
+    impl->base = on_device;
+    impl->bias = bias.defined() ? bias.to(c.device) : at::Tensor();
+    impl->lora_A = leaf(a, c.device, true);
+    impl->lora_B = leaf(b, c.device, true);
+    impl->scaling = c.scaling();
+  }
+  return p;
+}
+
+Activation make_activation(const Config& c, const std::string& name, int64_t features,
+                           bool requires_grad) {
+  const auto values = rounded(normal_tensor(c.seed, name, c.shape(features)), c.dtype);
+  return {leaf(values, c.device, requires_grad), leaf(values, c.device, requires_grad),
+          bridge::to_matrix(values)};
+}
+
+Dropout make_dropout(const Config& c, const std::string& name, int64_t features) {
+  Dropout d;
+  d.device.p = c.dropout;
+  d.ref.p = c.dropout;
+  if (c.dropout == 0) return d;
+  const auto keep = uniform_tensor(c.seed, name, {c.tokens(), features}).lt(1.0 - c.dropout);
+  d.device.mask = keep.to(c.device);
+  d.ref.mask = bridge::to_matrix(keep.to(at::kDouble));
+  return d;
+}
+
+void Checks::add(const std::string& projection, const std::string& tensor, const at::Tensor& prod,
+                 const at::Tensor& base, const reference::Matrix& ref, at::IntArrayRef shape) {
+  const auto ref_tensor = bridge::to_tensor(ref).reshape(shape);
+  checks_.push_back(
+      compare_ratio(prefix_ + projection + "/" + tensor, prod, base, ref_tensor, config_.dtype));
+}
+
+void Checks::add_adapter_grads(const Projection& p, const at::Tensor& prod_dA,
+                               const at::Tensor& prod_dB, const at::Tensor& base_dA,
+                               const at::Tensor& base_dB, const reference::ProjectionGrads& ref) {
+  add(p.name, "lora_A.grad", prod_dA, base_dA, ref.dA, p.prod.lora_A.sizes());
+  add(p.name, "lora_B.grad", prod_dB, base_dB, ref.dB, p.prod.lora_B.sizes());
+}
+
+Measure::Measure(const Config& c) : device_(c.device) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (device_.is_cuda()) {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
+  }
+#endif
+  start_ = std::chrono::steady_clock::now();
+}
+
+void Measure::finish(const std::string& name,
+                     std::vector<std::pair<std::string, double>>& metrics) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (device_.is_cuda()) {
+    c10::cuda::device_synchronize();
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
+    const auto& allocated =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    metrics.emplace_back(name + ".peak_allocated_gib", allocated.peak / double(1 << 30));
+  }
+#endif
+  metrics.emplace_back(
+      name + ".seconds",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+}
+
+std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
+                                  const std::vector<at::Tensor>& inputs,
+                                  const std::vector<at::Tensor>& grad_outputs) {
+  // allow_unused: an input the graph never reached comes back undefined, and the
+  // comparison then fails it as a zero gradient instead of throwing here.
+  auto grads = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) grads[i] = at::zeros_like(inputs[i]);
+  }
+  return grads;
+}
+
+}  // namespace gradscope::lora_testbed

@@ -1,0 +1,75 @@
+// kind = "lora_w": one fused projection (o_proj) through LoRA_W.
+#include <ATen/ATen.h>
+
+#include "harness/aten_baseline.h"
+#include "harness/lora_testbed.h"
+
+namespace gradscope {
+namespace {
+
+namespace tb = lora_testbed;
+
+class LoraWRunner final : public CaseRunner {
+ public:
+  std::string kind() const override { return "lora_w"; }
+
+  std::vector<FieldSpec> fields() const override {
+    std::vector<FieldSpec> f = {
+        FieldSpec("in_features", FieldType::kInt, int64_t{256}, "input features (o_proj: hidden)")
+            .in_range(1, 1 << 20),
+        FieldSpec("out_features", FieldType::kInt, int64_t{256}, "output features")
+            .in_range(1, 1 << 20),
+    };
+    for (auto& x : tb::fields()) f.push_back(std::move(x));
+    return f;
+  }
+
+  std::string case_id(const CaseSpec& s) const override {
+    return "lora_w." + s.get_string("dtype") + ".k" + std::to_string(s.get_int("in_features")) +
+           "n" + std::to_string(s.get_int("out_features")) + tb::Config(s).id_suffix();
+  }
+
+  void validate(const CaseSpec& s) const override {
+    tb::validate(s);
+    validate_gptq_shape(s, s.get_int("in_features"), s.get_int("out_features"), "in_features",
+                        "out_features");
+  }
+
+  RunOutput run(const CaseSpec& s, const std::string& id) const override {
+    const tb::Config c(s);
+    const int64_t in = s.get_int("in_features"), out = s.get_int("out_features");
+    auto o = tb::make_projection(c, "o_proj", in, out);
+    auto x = tb::make_activation(c, "x", in, true);
+    auto dy = tb::make_activation(c, "dy", out, false);
+    auto drop = tb::make_dropout(c, "dropout.x", in);
+    RunOutput result;
+
+    tb::Measure prod_time(c);
+    const auto y = lora_w(x.prod, o.prod, drop.device);
+    const auto g = tb::gradients({y}, {x.prod, o.prod.lora_A, o.prod.lora_B}, {dy.prod});
+    prod_time.finish("prod", result.metrics);
+
+    tb::Measure base_time(c);
+    const auto yb = baseline::lora_linear(x.base, o.base, drop.device);
+    const auto gb = tb::gradients({yb}, {x.base, o.base.lora_A, o.base.lora_B}, {dy.base});
+    base_time.finish("base", result.metrics);
+
+    const auto yr = reference::lora_forward(x.ref, o.ref, drop.ref);
+    const auto gr = reference::lora_backward(x.ref, dy.ref, o.ref, drop.ref);
+
+    tb::Checks checks(c, id + "/layer0/self_attn/");
+    checks.add("o_proj", "output", y, yb, yr, c.shape(out));
+    checks.add("o_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(in));
+    checks.add_adapter_grads(o, g[1], g[2], gb[1], gb[2], gr);
+    result.checks = checks.take();
+    return result;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CaseRunner> make_lora_w_runner() {
+  return std::make_unique<LoraWRunner>();
+}
+
+}  // namespace gradscope

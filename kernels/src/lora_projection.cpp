@@ -1,0 +1,163 @@
+#include "lora_projection.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "gradscope/dequant.h"
+#include "gradscope/faults.h"
+
+namespace gradscope {
+
+double lora_scaling(double alpha, int64_t rank, bool rslora) {
+  TORCH_CHECK(rank > 0, "lora: rank must be positive, got ", rank);
+  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
+
+namespace detail {
+
+FrozenProjection frozen_part(const LoraProjection& p) {
+  return {p.base, p.bias, p.scaling};
+}
+
+void save_frozen(AutogradContext* ctx, const std::string& key, const FrozenProjection& f) {
+  auto& d = ctx->saved_data;
+  d[key + ".qweight"] = f.base.qweight;
+  d[key + ".qzeros"] = f.base.qzeros;
+  d[key + ".scales"] = f.base.scales;
+  d[key + ".g_idx"] = f.base.g_idx;
+  d[key + ".bits"] = static_cast<int64_t>(f.base.bits);
+  d[key + ".v1"] = f.base.format == ZeroPointFormat::kGptqV1;
+  d[key + ".scaling"] = f.scaling;
+}
+
+FrozenProjection load_frozen(AutogradContext* ctx, const std::string& key) {
+  auto& d = ctx->saved_data;
+  FrozenProjection f;
+  f.base.qweight = d[key + ".qweight"].toTensor();
+  f.base.qzeros = d[key + ".qzeros"].toTensor();
+  f.base.scales = d[key + ".scales"].toTensor();
+  f.base.g_idx = d[key + ".g_idx"].toTensor();
+  f.base.bits = static_cast<int>(d[key + ".bits"].toInt());
+  f.base.format = d[key + ".v1"].toBool() ? ZeroPointFormat::kGptqV1 : ZeroPointFormat::kGptqV2;
+  f.scaling = d[key + ".scaling"].toDouble();
+  return f;  // the bias has no gradient and is not needed in backward
+}
+
+void save_dropout(AutogradContext* ctx, const std::string& key, const LoraDropout& dropout) {
+  ctx->saved_data[key + ".p"] = dropout.p;
+  ctx->saved_data[key + ".mask"] = dropout.p > 0 ? dropout.mask : at::Tensor();
+}
+
+LoraDropout load_dropout(AutogradContext* ctx, const std::string& key) {
+  LoraDropout d;
+  d.p = ctx->saved_data[key + ".p"].toDouble();
+  if (d.p > 0) d.mask = ctx->saved_data[key + ".mask"].toTensor();
+  return d;
+}
+
+void validate_projection(const char* op, const char* name, const at::Tensor& x,
+                         const LoraProjection& p) {
+  TORCH_CHECK(x.defined() && x.dim() >= 2, op,
+              ": x must be 2-D [tokens, in] or 3-D [batch, seq, in]");
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op,
+              ": x must be float32, float16 or bfloat16, got ", t);
+  TORCH_CHECK(p.base.g_idx.defined(), op, " ", name, ": the GPTQ base weight is undefined");
+  const int64_t in = p.base.in_features(), out = p.base.out_features();
+  TORCH_CHECK(x.size(-1) == in, op, " ", name, ": x has ", x.size(-1),
+              " features but the base weight has in_features ", in);
+  TORCH_CHECK(
+      p.lora_A.defined() && p.lora_A.dim() == 2 && p.lora_A.size(1) == in && p.lora_A.size(0) > 0,
+      op, " ", name, ": lora_A must be [r, ", in, "] (r >= 1), got ",
+      p.lora_A.defined() ? p.lora_A.sizes() : at::IntArrayRef{});
+  const int64_t r = p.lora_A.size(0);
+  TORCH_CHECK(
+      p.lora_B.defined() && p.lora_B.dim() == 2 && p.lora_B.size(0) == out && p.lora_B.size(1) == r,
+      op, " ", name, ": lora_B must be [", out, ", ", r, "] (out_features, r), got ",
+      p.lora_B.defined() ? p.lora_B.sizes() : at::IntArrayRef{});
+  for (const auto& [tensor, what] :
+       {std::pair{p.lora_A, "lora_A"}, std::pair{p.lora_B, "lora_B"}}) {
+    TORCH_CHECK(at::isFloatingType(tensor.scalar_type()), op, " ", name, ": ", what,
+                " must be a float tensor, got ", tensor.scalar_type());
+    TORCH_CHECK(tensor.device() == x.device(), op, " ", name, ": ", what, " is on ",
+                tensor.device(), " but x is on ", x.device());
+  }
+  TORCH_CHECK(p.base.qweight.device() == x.device(), op, " ", name, ": qweight is on ",
+              p.base.qweight.device(), " but x is on ", x.device());
+  TORCH_CHECK(!p.bias.defined() ||
+                  (p.bias.dim() == 1 && p.bias.size(0) == out && p.bias.device() == x.device()),
+              op, " ", name, ": bias must be [", out, "] on ", x.device());
+  TORCH_CHECK(std::isfinite(p.scaling), op, " ", name, ": scaling must be finite");
+}
+
+void validate_dropout(const char* op, const char* name, const at::Tensor& x, const LoraDropout& d) {
+  TORCH_CHECK(d.p >= 0 && d.p < 1, op, " ", name, ": dropout p must lie in [0, 1), got ", d.p);
+  if (d.p == 0) return;
+  TORCH_CHECK(d.mask.defined() && d.mask.scalar_type() == at::kBool, op, " ", name,
+              ": dropout p > 0 needs a bool mask");
+  TORCH_CHECK(d.mask.numel() == x.numel(), op, " ", name, ": dropout mask has ", d.mask.numel(),
+              " elements but its input has ", x.numel(), " (shape ", x.sizes(), ")");
+  TORCH_CHECK(d.mask.device() == x.device(), op, " ", name, ": dropout mask is on ",
+              d.mask.device(), " but its input is on ", x.device());
+}
+
+at::Tensor rows(const at::Tensor& x) {
+  return x.reshape({-1, x.size(-1)});
+}
+
+at::Tensor dropped(const at::Tensor& x2, const LoraDropout& d) {
+  if (d.p == 0) return x2;
+  return x2 * d.mask.reshape(x2.sizes()).to(x2.scalar_type()) * (1.0 / (1.0 - d.p));
+}
+
+ProjectionOutput projection_forward(const at::Tensor& x2, const at::Tensor& xd,
+                                    const FrozenProjection& f, const at::Tensor& lora_a,
+                                    const at::Tensor& lora_b) {
+  const auto dtype = x2.scalar_type();
+  at::Tensor y;
+  {
+    const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);  // [in, out]
+    y = f.bias.defined() ? at::addmm(f.bias.to(dtype), x2, w_t) : at::mm(x2, w_t);
+  }
+  auto xa = at::mm(xd, lora_a.to(dtype).t());
+  // The scaling rides in the GEMM epilogue: one rounding for the adapter term.
+  y.addmm_(xa, lora_b.to(dtype).t(), /*beta=*/1, /*alpha=*/f.scaling);
+  return {y, xa};
+}
+
+ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& xd,
+                                    const at::Tensor& xa, const FrozenProjection& f,
+                                    const at::Tensor& lora_a, const at::Tensor& lora_b,
+                                    const LoraDropout& dropout, bool need_dx) {
+  const auto dtype = dy2.scalar_type();
+  const auto a = lora_a.to(dtype), b = lora_b.to(dtype);
+  const auto dyb = at::mm(dy2, b);  // [M, r]
+  ProjectionGrads g;
+  if (need_dx) {
+    {
+      const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);
+      g.dx = at::mm(dy2, w_t.t());
+    }
+    const bool rescale = !fault_active(Fault::kDropoutRescaleMissing);
+    const double factor = f.scaling / (dropout.p > 0 && rescale ? 1.0 - dropout.p : 1.0);
+    if (dropout.p > 0) {
+      // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
+      g.dx.addcmul_(at::mm(dyb, a), dropout.mask.reshape(g.dx.sizes()).to(dtype), factor);
+    } else {
+      g.dx.addmm_(dyb, a, /*beta=*/1, /*alpha=*/factor);
+    }
+  }
+  const double da_scale = fault_active(Fault::kLoraScaleMissingInDA) ? 1.0 : f.scaling;
+  // beta = 0: the first operand is ignored; alpha scales inside the GEMM.
+  g.dA = at::addmm(at::empty({dyb.size(1), xd.size(1)}, dyb.options()), dyb.t(), xd, /*beta=*/0,
+                   /*alpha=*/da_scale)
+             .to(lora_a.scalar_type());
+  g.dB = at::addmm(at::empty({dy2.size(1), xa.size(1)}, dy2.options()), dy2.t(), xa, /*beta=*/0,
+                   /*alpha=*/f.scaling)
+             .to(lora_b.scalar_type());
+  return g;
+}
+
+}  // namespace detail
+}  // namespace gradscope

@@ -1,0 +1,58 @@
+// Internal: the math of one LoRA projection, shared by the three fused ops, and how
+// a projection's frozen state rides in an autograd context.
+#pragma once
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <string>
+
+#include "gradscope/lora_ops.h"
+
+namespace gradscope::detail {
+
+using torch::autograd::AutogradContext;
+
+// The frozen part of a projection (everything but the adapter weights).
+struct FrozenProjection {
+  GptqWeight base;
+  at::Tensor bias;
+  double scaling;
+};
+
+FrozenProjection frozen_part(const LoraProjection& proj);
+void save_frozen(AutogradContext* ctx, const std::string& key, const FrozenProjection& frozen);
+FrozenProjection load_frozen(AutogradContext* ctx, const std::string& key);
+void save_dropout(AutogradContext* ctx, const std::string& key, const LoraDropout& dropout);
+LoraDropout load_dropout(AutogradContext* ctx, const std::string& key);
+
+// Checks one projection against its input x [..., in]; messages name op and projection.
+void validate_projection(const char* op, const char* name, const at::Tensor& x,
+                         const LoraProjection& proj);
+void validate_dropout(const char* op, const char* name, const at::Tensor& x, const LoraDropout& d);
+
+// x [..., in] as [M, in].
+at::Tensor rows(const at::Tensor& x);
+// X_d = X * mask / (1 - p), in x's dtype; x itself when p == 0.
+at::Tensor dropped(const at::Tensor& x2, const LoraDropout& dropout);
+
+struct ProjectionOutput {
+  at::Tensor y;   // [M, out], x's dtype
+  at::Tensor xa;  // X_d A^T [M, r], kept for dB
+};
+// Y = X W^T + b + s (X_d A^T) B^T; the dense W^T lives only inside this call.
+ProjectionOutput projection_forward(const at::Tensor& x2, const at::Tensor& xd,
+                                    const FrozenProjection& frozen, const at::Tensor& lora_a,
+                                    const at::Tensor& lora_b);
+
+struct ProjectionGrads {
+  at::Tensor dx;  // dY W + s ((dY B) A) * mask / (1 - p); undefined unless asked for
+  at::Tensor dA;  // s (dY B)^T X_d, in lora_A's dtype
+  at::Tensor dB;  // s dY^T (X_d A^T), in lora_B's dtype
+};
+// Backward of projection_forward for dY [M, out]; re-dequantizes W.
+ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& xd,
+                                    const at::Tensor& xa, const FrozenProjection& frozen,
+                                    const at::Tensor& lora_a, const at::Tensor& lora_b,
+                                    const LoraDropout& dropout, bool need_dx);
+
+}  // namespace gradscope::detail

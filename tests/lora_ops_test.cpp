@@ -1,0 +1,158 @@
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "gradscope/dequant.h"
+#include "gradscope/lora_ops.h"
+#include "gradscope/swiglu.h"
+#include "harness/aten_baseline.h"
+
+namespace gradscope {
+namespace {
+
+GptqWeight layer(int64_t in, int64_t out, int bits = 4) {
+  QuantizeOptions o;
+  o.bits = bits;
+  o.group_size = 32;
+  const auto q = quantize_gptq(at::randn({in, out}) * 0.02, at::Tensor(), o);
+  return pack_gptq(q, bits, ZeroPointFormat::kGptqV1, at::kHalf);
+}
+
+LoraProjection projection(int64_t in, int64_t out, int64_t r = 4) {
+  LoraProjection p;
+  p.base = layer(in, out);
+  p.bias = at::randn({out}) * 0.1;
+  p.lora_A = (at::randn({r, in}) * 0.1).requires_grad_(true);
+  p.lora_B = (at::randn({out, r}) * 0.1).requires_grad_(true);
+  p.scaling = 2.0;
+  return p;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(LoraOps, ValidationNamesTheTensorAndTheExpectation) {
+  const auto p = projection(64, 32);
+  const auto x = at::randn({2, 8, 64});
+  EXPECT_NE(error_of([&] {
+              lora_w(at::randn({8, 48}), p);
+            }).find("x has 48 features but the base weight has in_features 64"),
+            std::string::npos);
+  auto bad = p;
+  bad.lora_A = at::randn({4, 32});
+  EXPECT_NE(error_of([&] { lora_w(x, bad); }).find("lora_A must be [r, 64]"), std::string::npos);
+  bad = p;
+  bad.lora_B = at::randn({32, 5});
+  EXPECT_NE(error_of([&] { lora_w(x, bad); }).find("lora_B must be [32, 4]"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lora_w(x, p, LoraDropout{1.0, at::ones({2, 8, 64}, at::kBool)});
+            }).find("dropout p must lie in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lora_w(x, p, LoraDropout{0.1, at::ones({7}, at::kBool)});
+            }).find("dropout mask has 7 elements"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { lora_w(x.to(at::kDouble), p); }).find("x must be float32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lora_mlp(x, projection(64, 32), projection(64, 32), projection(16, 64));
+            }).find("down has in_features 16"),
+            std::string::npos);
+}
+
+TEST(LoraOps, FrozenTensorsAndInputsAreNeverModified) {
+  const auto gate = projection(64, 96), up = projection(64, 96), down = projection(96, 64);
+  std::vector<at::Tensor> frozen;
+  for (const auto* p : {&gate, &up, &down}) {
+    for (const auto& t :
+         {p->base.qweight, p->base.qzeros, p->base.scales, p->base.g_idx, p->bias}) {
+      frozen.push_back(t);
+    }
+  }
+  std::vector<at::Tensor> before;
+  for (const auto& t : frozen) before.push_back(t.clone());
+  const auto x = at::randn({2, 8, 64}).requires_grad_(true);
+  const auto x_before = x.detach().clone();
+  const LoraDropout d{0.2, at::rand({2, 8, 64}).gt(0.2)};
+  const auto y = lora_mlp(x, gate, up, down, d, LoraDropout{0.2, at::rand({2, 8, 96}).gt(0.2)});
+  y.sum().backward();
+  for (size_t i = 0; i < frozen.size(); ++i) EXPECT_TRUE(frozen[i].equal(before[i])) << i;
+  EXPECT_TRUE(x.detach().equal(x_before));
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(gate.base.qweight.requires_grad());
+}
+
+TEST(LoraOps, TwoAndThreeDimensionalInputsAgree) {
+  const auto p = projection(64, 32);
+  const auto x = at::randn({2, 8, 64});
+  const auto y3 = lora_w(x, p);
+  const auto y2 = lora_w(x.reshape({16, 64}), p);
+  EXPECT_EQ(y3.sizes(), (at::IntArrayRef{2, 8, 32}));
+  EXPECT_TRUE(y3.reshape({16, 32}).equal(y2));
+}
+
+TEST(LoraOps, QkvOutputsThatAreNotUsedGiveZeroAdapterGradients) {
+  const auto q = projection(64, 64), k = projection(64, 16), v = projection(64, 16);
+  const auto x = at::randn({16, 64}).requires_grad_(true);
+  const auto out = lora_qkv(x, q, k, v);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[1].sizes(), (at::IntArrayRef{16, 16}));
+  const auto grads = torch::autograd::grad({out[0].sum()}, {x, q.lora_A, k.lora_A, v.lora_B}, {},
+                                           false, false, /*allow_unused=*/true);
+  EXPECT_GT(grads[0].abs().sum().item<double>(), 0);
+  EXPECT_GT(grads[1].abs().sum().item<double>(), 0);
+  EXPECT_EQ(grads[2].abs().sum().item<double>(), 0);
+  EXPECT_EQ(grads[3].abs().sum().item<double>(), 0);
+}
+
+TEST(LoraOps, FusedMatchesTheBaselineInFp32) {
+  const auto p = projection(64, 32);
+  const auto x = at::randn({3, 5, 64});
+  EXPECT_TRUE(at::allclose(lora_w(x, p), baseline::lora_linear(x, p, {}), 1e-5, 1e-5));
+}
+
+TEST(Swiglu, MatchesTheFormulaInFp64) {
+  const auto e = at::randn({1000}) * 3, g = at::randn({1000}), dh = at::randn({1000});
+  const auto e64 = e.to(at::kDouble), g64 = g.to(at::kDouble), dh64 = dh.to(at::kDouble);
+  const auto s = at::sigmoid(e64);
+  EXPECT_TRUE(at::allclose(swiglu_forward(e, g).to(at::kDouble), e64 * s * g64, 1e-6, 1e-7));
+  const auto [de, dg] = swiglu_backward(dh, e, g);
+  EXPECT_TRUE(at::allclose(dg.to(at::kDouble), dh64 * e64 * s, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(de.to(at::kDouble), dh64 * g64 * s * (1 + e64 * (1 - s)), 1e-5, 1e-6));
+  EXPECT_NE(error_of([&] { swiglu_forward(e, g.to(at::kHalf)); }).find("g (up output) is Half"),
+            std::string::npos);
+}
+
+TEST(Swiglu, HalfRoundsSiluBeforeTheProduct) {
+  const auto e = at::randn({4096}).to(at::kBFloat16), g = at::randn({4096}).to(at::kBFloat16);
+  const auto silu = (e.to(at::kFloat) * at::sigmoid(e.to(at::kFloat))).to(at::kBFloat16);
+  EXPECT_TRUE(
+      swiglu_forward(e, g).equal((silu.to(at::kFloat) * g.to(at::kFloat)).to(at::kBFloat16)));
+}
+
+// The baseline's dequantization is independent code; it must agree with prod bit for bit.
+TEST(BaselineDequant, AgreesWithProdForEveryWidthAndConvention) {
+  for (int bits : {2, 3, 4, 8}) {
+    for (auto format : {ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2}) {
+      QuantizeOptions o;
+      o.bits = bits;
+      o.group_size = 32;
+      o.sym = false;
+      o.desc_act = true;
+      o.min_zero = 1;
+      const auto q = quantize_gptq(at::randn({128, 64}), at::randperm(128, at::kLong), o);
+      const auto w = pack_gptq(q, bits, format, at::kBFloat16);
+      EXPECT_TRUE(baseline::dequantize(w, at::kHalf).equal(dequantize_gptq(w, at::kHalf)))
+          << bits << " bits " << to_string(format);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradscope
