@@ -59,12 +59,15 @@ IntMatrix decode_codes(const GptqLayer& l) {
   check_layer(l);
   const int64_t K = l.in_features, N = l.out_features;
   IntMatrix codes(K, N);
-  // Elements are independent: threads change the speed, never a value.
+  // Elements are independent: threads change the speed, never a value. Rows in
+  // memory order: the words of row k's codes are qweight[word(k), :].
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    // qweight is packed along K: the words of column n are qweight[:, n].
-    auto word = [&](int64_t i) { return l.qweight[i * N + n]; };
-    for (int64_t k = 0; k < K; ++k) codes(k, n) = packed_field(word, k, l.bits);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < N; ++n) {
+      // qweight is packed along K: the words of column n are qweight[:, n].
+      auto word = [&](int64_t i) { return l.qweight[i * N + n]; };
+      codes(k, n) = packed_field(word, k, l.bits);
+    }
   }
   return codes;
 }

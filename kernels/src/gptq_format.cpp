@@ -88,18 +88,22 @@ QuantizedWeight quantize_gptq(const at::Tensor& weight_t, const at::Tensor& orde
   auto za = zeros.accessor<int32_t, 2>();
   auto sa = scales.accessor<float, 2>();
 
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> xmin(G), xmax(G);
-    for (int64_t n = begin; n < end; ++n) {
-      // GPTQ's quantizer: the range always includes 0.
-      std::fill(xmin.begin(), xmin.end(), 0.f);
-      std::fill(xmax.begin(), xmax.end(), 0.f);
-      for (int64_t k = 0; k < K; ++k) {
-        xmin[g[k]] = std::min(xmin[g[k]], wa[k][n]);
-        xmax[g[k]] = std::max(xmax[g[k]], wa[k][n]);
+  // Each task owns a block of columns and walks the rows in memory order.
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    // GPTQ's quantizer: the range of every group always includes 0.
+    std::vector<float> xmin(G * width, 0.f), xmax(G * width, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      float* lo = &xmin[g[k] * width];
+      float* hi = &xmax[g[k] * width];
+      for (int64_t j = 0; j < width; ++j) {
+        lo[j] = std::min(lo[j], wa[k][begin + j]);
+        hi[j] = std::max(hi[j], wa[k][begin + j]);
       }
-      for (int64_t gi = 0; gi < G; ++gi) {
-        float lo = xmin[gi], hi = xmax[gi];
+    }
+    for (int64_t gi = 0; gi < G; ++gi) {
+      for (int64_t j = 0; j < width; ++j) {
+        float lo = xmin[gi * width + j], hi = xmax[gi * width + j];
         if (options.sym) {
           hi = std::max(std::abs(lo), hi);
           lo = -hi;
@@ -108,10 +112,12 @@ QuantizedWeight quantize_gptq(const at::Tensor& weight_t, const at::Tensor& orde
         const float scale = (hi - lo) / static_cast<float>(maxq);
         int zero = options.sym ? (maxq + 1) / 2 : static_cast<int>(std::nearbyint(-lo / scale));
         zero = std::clamp(zero, options.min_zero, maxq);
-        sa[gi][n] = scale;
-        za[gi][n] = zero;
+        sa[gi][begin + j] = scale;
+        za[gi][begin + j] = zero;
       }
-      for (int64_t k = 0; k < K; ++k) {
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t n = begin; n < end; ++n) {
         const float q = std::nearbyint(wa[k][n] / sa[g[k]][n]) + static_cast<float>(za[g[k]][n]);
         ca[k][n] = static_cast<int32_t>(std::clamp(q, 0.f, static_cast<float>(maxq)));
       }
