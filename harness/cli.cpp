@@ -155,6 +155,7 @@ int command_run(const Selection& sel, const std::string& json_path, bool quiet,
   for (const auto& sc : selected) {
     report.cases.push_back(run_case(sc, program));
     report::print_case(std::cout, report.cases.back(), console);
+    std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
   }
   report::print_summary(std::cout, report);
   if (!json_path.empty()) {

@@ -88,7 +88,9 @@ report::Check compare_exact(const std::string& path, const std::string& compared
     return check;
   }
   // Worst element: the largest difference among mismatching elements.
-  const auto score = (prod.to(at::kDouble) - ref_rounded.to(at::kDouble)).abs().masked_fill(differs.logical_not(), -1.0);
+  const auto score = (prod.to(at::kDouble) - ref_rounded.to(at::kDouble))
+                         .abs()
+                         .masked_fill(differs.logical_not(), -1.0);
   const int64_t flat = score.argmax().item<int64_t>();
   report::WorstElement worst;
   worst.index = unravel_index(flat, prod.sizes());

@@ -45,7 +45,8 @@ std::vector<FieldSpec> gptq_fields() {
 }
 
 void validate_gptq_fields(const CaseSpec& s) {
-  if (s.get_int("group_size") == 0) throw_field_error(s, "group_size", "must be -1 or positive, got 0");
+  if (s.get_int("group_size") == 0)
+    throw_field_error(s, "group_size", "must be -1 or positive, got 0");
   if (s.get_bool("static_groups") && !s.get_bool("desc_act")) {
     throw_field_error(s, "static_groups", "only applies with desc_act = true");
   }
@@ -58,12 +59,14 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
   const std::string why =
       bits == 3 ? " for 3-bit packing" : " to fill whole " + std::to_string(bits) + "-bit words";
   if (K % multiple != 0) {
-    throw_field_error(spec, k_field, "must be a multiple of " + std::to_string(multiple) + why +
-                                         " (qweight), got " + std::to_string(K));
+    throw_field_error(spec, k_field,
+                      "must be a multiple of " + std::to_string(multiple) + why +
+                          " (qweight), got " + std::to_string(K));
   }
   if (N % multiple != 0) {
-    throw_field_error(spec, n_field, "must be a multiple of " + std::to_string(multiple) + why +
-                                         " (qzeros), got " + std::to_string(N));
+    throw_field_error(spec, n_field,
+                      "must be a multiple of " + std::to_string(multiple) + why +
+                          " (qzeros), got " + std::to_string(N));
   }
 }
 

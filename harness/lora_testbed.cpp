@@ -167,9 +167,10 @@ void Checks::add_adapter_grads(const Projection& p, const at::Tensor& prod_dA,
   add(p.name, "lora_B.grad", prod_dB, base_dB, ref.dB, p.prod.lora_B.sizes());
 }
 
-Measure::Measure(const Config& c) : device_(c.device) {
+Measure::Measure(const Config& c, bool track_memory)
+    : device_(c.device), track_memory_(track_memory && c.device.is_cuda()) {
 #ifdef GRADSCOPE_WITH_CUDA
-  if (device_.is_cuda()) {
+  if (track_memory_) {
     c10::cuda::device_synchronize();
     c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
   }
@@ -180,8 +181,8 @@ Measure::Measure(const Config& c) : device_(c.device) {
 void Measure::finish(const std::string& name,
                      std::vector<std::pair<std::string, double>>& metrics) {
 #ifdef GRADSCOPE_WITH_CUDA
-  if (device_.is_cuda()) {
-    c10::cuda::device_synchronize();
+  if (device_.is_cuda()) c10::cuda::device_synchronize();
+  if (track_memory_) {
     const auto stats =
         c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
     const auto& allocated =

@@ -88,15 +88,17 @@ class Checks {
   std::vector<report::Check> checks_;
 };
 
-// Wall time and peak device memory of one implementation's forward + backward.
+// Wall time of one phase of a case and, for prod and base on CUDA, the peak memory
+// the caching allocator handed out during it.
 class Measure {
  public:
-  explicit Measure(const Config& c);
+  explicit Measure(const Config& c, bool track_memory = true);
   // Returns seconds since construction; on CUDA after a synchronize.
   void finish(const std::string& name, std::vector<std::pair<std::string, double>>& metrics);
 
  private:
   at::Device device_;
+  bool track_memory_;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -38,12 +38,14 @@ class LoraWRunner final : public CaseRunner {
   RunOutput run(const CaseSpec& s, const std::string& id) const override {
     const tb::Config c(s);
     const int64_t in = s.get_int("in_features"), out = s.get_int("out_features");
+    RunOutput result;
+    tb::Measure generate_time(c, /*track_memory=*/false);
     auto o = tb::make_projection(c, "o_proj", in, out);
     auto x = tb::make_activation(c, "x", in, true);
     auto dy = tb::make_activation(c, "dy", out, false);
     auto drop = tb::make_dropout(c, "dropout.x", in);
-    RunOutput result;
 
+    generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_w(x.prod, o.prod, drop.device);
     const auto g = tb::gradients({y}, {x.prod, o.prod.lora_A, o.prod.lora_B}, {dy.prod});
@@ -54,8 +56,10 @@ class LoraWRunner final : public CaseRunner {
     const auto gb = tb::gradients({yb}, {x.base, o.base.lora_A, o.base.lora_B}, {dy.base});
     base_time.finish("base", result.metrics);
 
+    tb::Measure ref_time(c, /*track_memory=*/false);
     const auto yr = reference::lora_forward(x.ref, o.ref, drop.ref);
     const auto gr = reference::lora_backward(x.ref, dy.ref, o.ref, drop.ref);
+    ref_time.finish("ref", result.metrics);
 
     tb::Checks checks(c, id + "/layer0/self_attn/");
     checks.add("o_proj", "output", y, yb, yr, c.shape(out));

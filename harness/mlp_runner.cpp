@@ -39,6 +39,8 @@ class MlpRunner final : public CaseRunner {
   RunOutput run(const CaseSpec& s, const std::string& id) const override {
     const tb::Config c(s);
     const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    RunOutput result;
+    tb::Measure generate_time(c, /*track_memory=*/false);
     auto gate = tb::make_projection(c, "gate_proj", hidden, inter);
     auto up = tb::make_projection(c, "up_proj", hidden, inter);
     auto down = tb::make_projection(c, "down_proj", inter, hidden);
@@ -46,7 +48,6 @@ class MlpRunner final : public CaseRunner {
     auto dy = tb::make_activation(c, "dy", hidden, false);
     auto drop_x = tb::make_dropout(c, "dropout.x", hidden);
     auto drop_h = tb::make_dropout(c, "dropout.h", inter);
-    RunOutput result;
     const auto inputs = [&](bool prod) -> std::vector<at::Tensor> {
       std::vector<at::Tensor> in = {prod ? x.prod : x.base};
       for (const auto* p : {&gate, &up, &down}) {
@@ -56,6 +57,7 @@ class MlpRunner final : public CaseRunner {
       return in;
     };
 
+    generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_mlp(x.prod, gate.prod, up.prod, down.prod, drop_x.device, drop_h.device);
     const auto g = tb::gradients({y}, inputs(true), {dy.prod});
@@ -67,10 +69,12 @@ class MlpRunner final : public CaseRunner {
     const auto gb = tb::gradients({yb}, inputs(false), {dy.base});
     base_time.finish("base", result.metrics);
 
+    tb::Measure ref_time(c, /*track_memory=*/false);
     const auto yr =
         reference::mlp_forward(x.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref);
     const auto gr =
         reference::mlp_backward(x.ref, dy.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref);
+    ref_time.finish("ref", result.metrics);
 
     tb::Checks checks(c, id + "/layer0/mlp/");
     checks.add("down_proj", "output", y, yb, yr, c.shape(hidden));

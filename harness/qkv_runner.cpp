@@ -54,6 +54,8 @@ class QkvRunner final : public CaseRunner {
     const tb::Config c(s);
     const int64_t hidden = s.get_int("hidden");
     const int64_t kv_out = hidden / s.get_int("heads") * s.get_int("kv_heads");
+    RunOutput result;
+    tb::Measure generate_time(c, /*track_memory=*/false);
     auto q = tb::make_projection(c, "q_proj", hidden, hidden);
     auto k = tb::make_projection(c, "k_proj", hidden, kv_out);
     auto v = tb::make_projection(c, "v_proj", hidden, kv_out);
@@ -62,7 +64,6 @@ class QkvRunner final : public CaseRunner {
     auto dk = tb::make_activation(c, "dk", kv_out, false);
     auto dv = tb::make_activation(c, "dv", kv_out, false);
     auto drop = tb::make_dropout(c, "dropout.x", hidden);
-    RunOutput result;
     const auto inputs = [&x](const tb::Projection& a, const tb::Projection& b,
                              const tb::Projection& d, bool prod) -> std::vector<at::Tensor> {
       const auto& pa = prod ? a.prod : a.base;
@@ -72,6 +73,7 @@ class QkvRunner final : public CaseRunner {
           prod ? x.prod : x.base, pa.lora_A, pa.lora_B, pb.lora_A, pb.lora_B, pd.lora_A, pd.lora_B};
     };
 
+    generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_qkv(x.prod, q.prod, k.prod, v.prod, drop.device);
     const auto g = tb::gradients(y, inputs(q, k, v, true), {dq.prod, dk.prod, dv.prod});
@@ -84,9 +86,11 @@ class QkvRunner final : public CaseRunner {
     const auto gb = tb::gradients(yb, inputs(q, k, v, false), {dq.base, dk.base, dv.base});
     base_time.finish("base", result.metrics);
 
+    tb::Measure ref_time(c, /*track_memory=*/false);
     const auto yr = reference::qkv_forward(x.ref, q.ref, k.ref, v.ref, drop.ref);
     const auto gr =
         reference::qkv_backward(x.ref, dq.ref, dk.ref, dv.ref, q.ref, k.ref, v.ref, drop.ref);
+    ref_time.finish("ref", result.metrics);
 
     tb::Checks checks(c, id + "/layer0/self_attn/");
     checks.add("q_proj", "output", y[0], yb[0], yr.q, c.shape(hidden));
