@@ -195,6 +195,18 @@ void Measure::finish(const std::string& name,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
 }
 
+std::vector<at::Tensor> leaves(const Activation& x,
+                               const std::vector<const Projection*>& projections, Impl impl) {
+  const bool prod = impl == Impl::kProd;
+  std::vector<at::Tensor> out = {prod ? x.prod : x.base};
+  for (const auto* p : projections) {
+    const auto& lora = prod ? p->prod : p->base;
+    out.push_back(lora.lora_A);
+    out.push_back(lora.lora_B);
+  }
+  return out;
+}
+
 std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
                                   const std::vector<at::Tensor>& inputs,
                                   const std::vector<at::Tensor>& grad_outputs) {

@@ -102,6 +102,12 @@ class Measure {
   std::chrono::steady_clock::time_point start_;
 };
 
+enum class Impl { kProd, kBase };
+// The autograd leaves of one implementation, in the order runners index gradients:
+// x, then lora_A and lora_B of each projection in turn.
+std::vector<at::Tensor> leaves(const Activation& x,
+                               const std::vector<const Projection*>& projections, Impl impl);
+
 // Gradients of `outputs` (seeded with `grad_outputs`) with respect to `inputs`.
 std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
                                   const std::vector<at::Tensor>& inputs,

@@ -48,12 +48,12 @@ class LoraWRunner final : public CaseRunner {
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_w(x.prod, o.prod, drop.device);
-    const auto g = tb::gradients({y}, {x.prod, o.prod.lora_A, o.prod.lora_B}, {dy.prod});
+    const auto g = tb::gradients({y}, tb::leaves(x, {&o}, tb::Impl::kProd), {dy.prod});
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const auto yb = baseline::lora_linear(x.base, o.base, drop.device);
-    const auto gb = tb::gradients({yb}, {x.base, o.base.lora_A, o.base.lora_B}, {dy.base});
+    const auto gb = tb::gradients({yb}, tb::leaves(x, {&o}, tb::Impl::kBase), {dy.base});
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);

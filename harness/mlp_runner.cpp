@@ -48,25 +48,18 @@ class MlpRunner final : public CaseRunner {
     auto dy = tb::make_activation(c, "dy", hidden, false);
     auto drop_x = tb::make_dropout(c, "dropout.x", hidden);
     auto drop_h = tb::make_dropout(c, "dropout.h", inter);
-    const auto inputs = [&](bool prod) -> std::vector<at::Tensor> {
-      std::vector<at::Tensor> in = {prod ? x.prod : x.base};
-      for (const auto* p : {&gate, &up, &down}) {
-        in.push_back(prod ? p->prod.lora_A : p->base.lora_A);
-        in.push_back(prod ? p->prod.lora_B : p->base.lora_B);
-      }
-      return in;
-    };
-
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_mlp(x.prod, gate.prod, up.prod, down.prod, drop_x.device, drop_h.device);
-    const auto g = tb::gradients({y}, inputs(true), {dy.prod});
+    const auto g =
+        tb::gradients({y}, tb::leaves(x, {&gate, &up, &down}, tb::Impl::kProd), {dy.prod});
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const auto yb =
         baseline::lora_mlp(x.base, gate.base, up.base, down.base, drop_x.device, drop_h.device);
-    const auto gb = tb::gradients({yb}, inputs(false), {dy.base});
+    const auto gb =
+        tb::gradients({yb}, tb::leaves(x, {&gate, &up, &down}, tb::Impl::kBase), {dy.base});
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);

@@ -64,26 +64,19 @@ class QkvRunner final : public CaseRunner {
     auto dk = tb::make_activation(c, "dk", kv_out, false);
     auto dv = tb::make_activation(c, "dv", kv_out, false);
     auto drop = tb::make_dropout(c, "dropout.x", hidden);
-    const auto inputs = [&x](const tb::Projection& a, const tb::Projection& b,
-                             const tb::Projection& d, bool prod) -> std::vector<at::Tensor> {
-      const auto& pa = prod ? a.prod : a.base;
-      const auto& pb = prod ? b.prod : b.base;
-      const auto& pd = prod ? d.prod : d.base;
-      return {
-          prod ? x.prod : x.base, pa.lora_A, pa.lora_B, pb.lora_A, pb.lora_B, pd.lora_A, pd.lora_B};
-    };
-
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_qkv(x.prod, q.prod, k.prod, v.prod, drop.device);
-    const auto g = tb::gradients(y, inputs(q, k, v, true), {dq.prod, dk.prod, dv.prod});
+    const auto g =
+        tb::gradients(y, tb::leaves(x, {&q, &k, &v}, tb::Impl::kProd), {dq.prod, dk.prod, dv.prod});
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const std::vector<at::Tensor> yb = {baseline::lora_linear(x.base, q.base, drop.device),
                                         baseline::lora_linear(x.base, k.base, drop.device),
                                         baseline::lora_linear(x.base, v.base, drop.device)};
-    const auto gb = tb::gradients(yb, inputs(q, k, v, false), {dq.base, dk.base, dv.base});
+    const auto gb = tb::gradients(yb, tb::leaves(x, {&q, &k, &v}, tb::Impl::kBase),
+                                  {dq.base, dk.base, dv.base});
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);
