@@ -19,6 +19,7 @@ find_package(Torch REQUIRED)
 message(STATUS "gradscope: torch ${Torch_VERSION} from ${Torch_DIR}")
 
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 

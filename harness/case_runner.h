@@ -10,9 +10,14 @@
 
 namespace gradscope {
 
+struct RunOptions {
+  bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
+};
+
 struct RunOutput {
   std::vector<report::Check> checks;
-  std::vector<std::pair<std::string, double>> metrics;  // reported, not gated
+  std::vector<std::pair<std::string, report::TensorData>> inputs;  // when keep_tensors
+  std::vector<std::pair<std::string, double>> metrics;             // reported, not gated
 };
 
 class CaseRunner {
@@ -26,7 +31,8 @@ class CaseRunner {
   // Cross-field rules (impossible shapes); throws InputError naming the field.
   virtual void validate(const CaseSpec& spec) const = 0;
   // Runs prod and the reference and returns every check, paths prefixed by `id`.
-  virtual RunOutput run(const CaseSpec& spec, const std::string& id) const = 0;
+  virtual RunOutput run(const CaseSpec& spec, const std::string& id,
+                        const RunOptions& options) const = 0;
 };
 
 // nullptr for an unknown kind.

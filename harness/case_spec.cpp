@@ -213,6 +213,18 @@ void CaseSpec::set(const std::string& name, SpecValue value, std::string origin)
   fields_.emplace_back(name, std::move(value));
 }
 
+std::string CaseSpec::to_toml() const {
+  toml::table table;
+  for (const auto& [name, value] : fields_) {
+    std::visit([&, n = name](const auto& v) { table.insert_or_assign(n, v); }, value);
+  }
+  std::ostringstream out;
+  out << "kind = \"" << kind << "\"\n";
+  table.erase("kind");
+  out << table << "\n";
+  return out.str();
+}
+
 void throw_field_error(const CaseSpec& spec, const std::string& field, const std::string& problem) {
   throw InputError(spec.origin(field) + ": " + field + " " + problem);
 }

@@ -56,6 +56,8 @@ class CaseSpec {
   const std::string& origin(const std::string& name) const;
 
   void set(const std::string& name, report::SpecValue value, std::string origin);
+  // The resolved case as case-file text (every field, kind first).
+  std::string to_toml() const;
 
  private:
   const report::SpecValue& get(const std::string& name) const;

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fnmatch.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -16,9 +18,13 @@
 #include "harness/environment.h"
 #include "harness/file_system.h"
 #include "harness/input_error.h"
+#include "harness/regression_gate.h"
 #include "reports/atomic_file.h"
 #include "reports/console_report.h"
+#include "reports/dump_tools.h"
+#include "reports/hdf5_dump.h"
 #include "reports/json_report.h"
+#include "reports/junit_report.h"
 
 #ifndef GRADSCOPE_DEFAULT_CASES_DIR
 #define GRADSCOPE_DEFAULT_CASES_DIR "cases"
@@ -98,21 +104,24 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-report::CaseResult run_case(const SelectedCase& sc, const std::string& program) {
+report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
+                            const RunOptions& options) {
   report::CaseResult result;
   result.id = sc.id;
   result.kind = sc.spec.kind;
   result.source = sc.spec.file;
   result.spec = sc.spec.fields();
+  result.spec_toml = sc.spec.to_toml();
   result.replay = program + " run " + shell_quote(sc.spec.file) + " --filter " +
                   shell_quote(sc.id) + " --device " + sc.spec.get_string("device") + " --dtype " +
                   sc.spec.get_string("dtype") + " --seed " +
                   std::to_string(sc.spec.get_int("seed"));
   const auto start = std::chrono::steady_clock::now();
   try {
-    auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id);
+    auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id, options);
     result.checks = std::move(output.checks);
     result.metrics = std::move(output.metrics);
+    result.inputs = std::move(output.inputs);
   } catch (const c10::Error& e) {
     report::Check error;
     error.path = sc.id + "/error";
@@ -136,9 +145,23 @@ void check_output_path(const std::string& path, const char* flag) {
   }
 }
 
-int command_run(const Selection& sel, const std::string& json_path, bool quiet,
-                const std::string& program) {
-  check_output_path(json_path, "--json");
+struct RunOutputs {
+  std::string json, dump, junit, against;
+  double against_factor = 1.25;
+  bool dump_failing_only = false, dump_gradients_only = false, quiet = false;
+};
+
+int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
+  check_output_path(o.json, "--json");
+  check_output_path(o.dump, "--dump");
+  check_output_path(o.junit, "--junit");
+  if (!o.against.empty() && !files::is_regular_file(o.against)) {
+    throw InputError("--against " + o.against + ": file not found");
+  }
+  if (!(o.against_factor >= 1.0)) {
+    throw InputError("--against-factor must be at least 1, got " +
+                     std::to_string(o.against_factor));
+  }
   const auto selected = select_cases(sel);
   bool any_cuda = false;
   for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
@@ -151,17 +174,49 @@ int command_run(const Selection& sel, const std::string& json_path, bool quiet,
   report::RunReport report;
   report.version = GRADSCOPE_VERSION;
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");
-  const report::ConsoleOptions console{quiet};
-  for (const auto& sc : selected) {
-    report.cases.push_back(run_case(sc, program));
+  const report::ConsoleOptions console{o.quiet};
+  const RunOptions options{!o.dump.empty()};
+  // A progress line on long runs, only where a person watches (stderr is a terminal).
+  const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < selected.size(); ++i) {
+    if (progress) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\r[%zu/%zu] %.0fs %s\x1b[K", i + 1, selected.size(), elapsed,
+                   selected[i].id.c_str());
+    }
+    report.cases.push_back(run_case(selected[i], program, options));
+    if (progress) std::fprintf(stderr, "\r\x1b[K");
     report::print_case(std::cout, report.cases.back(), console);
     std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
   }
   report::print_summary(std::cout, report);
-  if (!json_path.empty()) {
-    report::write_file_atomically(json_path, report::to_json(report).dump(2) + "\n");
+  if (!o.json.empty()) {
+    report::write_file_atomically(o.json, report::to_json(report).dump(2) + "\n");
   }
-  return report.failed() == 0 ? 0 : 1;
+  if (!o.dump.empty()) {
+    report::write_dump(o.dump, report, {o.dump_failing_only, o.dump_gradients_only});
+  }
+  if (!o.junit.empty()) report::write_file_atomically(o.junit, report::to_junit_xml(report));
+  const int64_t regressions =
+      o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
+  return report.failed() == 0 && regressions == 0 ? 0 : 1;
+}
+
+int command_show(const std::string& file, const std::string& path) {
+  report::show_dump(std::cout, report::read_dump(file), file, path);
+  return 0;
+}
+
+int command_diff(const std::string& a, const std::string& b, const report::DiffOptions& options,
+                 const std::string& json_path) {
+  check_output_path(json_path, "--json");
+  const auto dump_a = report::read_dump(a);
+  const auto dump_b = report::read_dump(b);
+  const auto result = report::diff_dumps(std::cout, dump_a, a, dump_b, b, options);
+  if (!json_path.empty()) report::write_file_atomically(json_path, result.json.dump(2) + "\n");
+  return result.differing == 0 ? 0 : 1;
 }
 
 int command_list(const Selection& sel) {
@@ -189,14 +244,38 @@ int run_cli(int argc, const char* const* argv) {
   CLI::App app{"gradscope: proves quantized-LoRA training kernels compute the right gradients"};
   app.require_subcommand(1);
   Selection run_sel, list_sel;
-  std::string json_path;
-  bool quiet = false;
+  RunOutputs outputs;
   auto* run = app.add_subcommand("run", "run cases and compare prod against the fp64 reference");
   add_selection_options(run, run_sel);
-  run->add_option("--json", json_path, "write the JSON report to FILE");
-  run->add_flag("--quiet", quiet, "print only failing cases and the summary");
+  run->add_option("--json", outputs.json, "write the JSON report to FILE");
+  run->add_option("--dump", outputs.dump,
+                  "write an HDF5 dump of inputs and compared tensors to FILE");
+  run->add_flag("--dump-failing-only", outputs.dump_failing_only, "dump only failing cases");
+  run->add_flag("--dump-gradients-only", outputs.dump_gradients_only,
+                "dump only gradient checks, no inputs");
+  run->add_option("--junit", outputs.junit, "write JUnit XML (one testcase per check) to FILE");
+  run->add_option(
+      "--against", outputs.against,
+      "an accepted JSON report: exit 1 if a check's score grew or a check is new/missing");
+  run->add_option("--against-factor", outputs.against_factor,
+                  "growth of err(prod)/err(base) that counts as a regression (default 1.25)");
+  run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
+  std::string show_file, show_path;
+  auto* show = app.add_subcommand("show", "print the tree of an HDF5 dump, or one group/tensor");
+  show->add_option("file", show_file, "dump (HDF5)")->required();
+  show->add_option("path", show_path, "group or dataset inside the dump");
+  std::string diff_a, diff_b, diff_json;
+  report::DiffOptions diff_options;
+  auto* diff = app.add_subcommand("diff", "compare two dumps tensor by tensor");
+  diff->add_option("a", diff_a, "first dump")->required();
+  diff->add_option("b", diff_b, "second dump (the reference side of rtol)")->required();
+  auto* rtol = diff->add_option("--rtol", diff_options.rtol, "relative tolerance (with --atol)");
+  auto* atol = diff->add_option("--atol", diff_options.atol, "absolute tolerance (with --rtol)");
+  rtol->needs(atol);
+  atol->needs(rtol);
+  diff->add_option("--json", diff_json, "write the comparison as JSON to FILE");
 
   try {
     app.parse(argc, argv);
@@ -210,12 +289,14 @@ int run_cli(int argc, const char* const* argv) {
   }
   const std::string program = argc > 0 ? argv[0] : "gradscope";
   try {
-    if (run->parsed()) return command_run(run_sel, json_path, quiet, program);
+    if (run->parsed()) return command_run(run_sel, outputs, program);
+    if (show->parsed()) return command_show(show_file, show_path);
+    if (diff->parsed()) return command_diff(diff_a, diff_b, diff_options, diff_json);
     return command_list(list_sel);
   } catch (const InputError& e) {
     std::cerr << "gradscope: error: " << e.what() << '\n';
     return 2;
-  } catch (const std::runtime_error& e) {  // e.g. an output file that cannot be written
+  } catch (const std::runtime_error& e) {  // unreadable dumps, files that cannot be written
     std::cerr << "gradscope: error: " << e.what() << '\n';
     return 2;
   }

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/tensor_bridge.h"
+
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -49,7 +51,7 @@ std::vector<int64_t> unravel_index(int64_t flat, at::IntArrayRef shape) {
 
 report::Check compare_exact(const std::string& path, const std::string& compared,
                             const at::Tensor& prod_in, const at::Tensor& ref_in,
-                            const ElementDescriber& describe) {
+                            const ElementDescriber& describe, bool keep_tensors) {
   report::Check check;
   check.path = path;
   check.exact = true;
@@ -65,6 +67,10 @@ report::Check compare_exact(const std::string& path, const std::string& compared
     check.failure = msg.str();
     check.mismatches = check.numel;
     return check;
+  }
+  if (keep_tensors) {
+    check.tensors = report::CheckTensors{bridge::to_tensor_data(prod), std::nullopt,
+                                         bridge::to_tensor_data(ref)};
   }
   const auto ref_rounded = ref.to(prod.scalar_type()).contiguous();
   const auto differs = bit_pattern(prod).ne(bit_pattern(ref_rounded));
@@ -133,31 +139,9 @@ double ulp(double magnitude, at::ScalarType dtype) {
   return dtype_epsilon(dtype) * std::ldexp(1.0, std::ilogb(magnitude));
 }
 
-namespace {
-
-// torch.testing.assert_close's default (rtol, atol); mixed dtypes take the looser pair.
-std::pair<double, double> default_tolerances(at::ScalarType a, at::ScalarType b) {
-  const auto tol = [](at::ScalarType t) -> std::pair<double, double> {
-    switch (t) {
-      case at::kHalf:
-        return {1e-3, 1e-5};
-      case at::kBFloat16:
-        return {1.6e-2, 1e-5};
-      case at::kDouble:
-        return {1e-7, 1e-7};
-      default:
-        return {1.3e-6, 1e-5};
-    }
-  };
-  const auto ta = tol(a), tb = tol(b);
-  return ta.first >= tb.first ? ta : tb;
-}
-
-}  // namespace
-
 report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
                             const at::Tensor& base_in, const at::Tensor& ref_in,
-                            at::ScalarType compute_dtype, double ratio) {
+                            at::ScalarType compute_dtype, bool keep_tensors, double ratio) {
   report::Check check;
   check.path = path;
   check.compared = "prod and same-dtype baseline vs fp64 reference";
@@ -173,6 +157,11 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
     check.mismatches = check.numel;
     return check;
   }
+  if (keep_tensors) {
+    check.tensors =
+        report::CheckTensors{bridge::to_tensor_data(prod_in), bridge::to_tensor_data(base_in),
+                             bridge::to_tensor_data(ref)};
+  }
   const auto diff = (prod - ref).abs();
   const double ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
   check.max_abs = check.numel ? diff.max().item<double>() : 0.0;
@@ -186,7 +175,8 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
   check.cosine = ref_norm > 0 && prod_norm > 0
                      ? (prod * ref).sum().item<double>() / (prod_norm * ref_norm)
                      : 0.0;
-  const auto [rtol, atol] = default_tolerances(prod_in.scalar_type(), compute_dtype);
+  const auto [rtol, atol] = report::assert_close_tolerances(
+      bridge::dtype_name(prod_in.scalar_type()), bridge::dtype_name(compute_dtype));
   check.mismatches = diff.gt(ref.abs() * rtol + atol).sum().item<int64_t>();
   const bool degenerate = ref_norm == 0 || prod_norm == 0;
   check.passed = !degenerate && check.max_abs <= check.limit;

@@ -20,7 +20,7 @@ using ElementDescriber = std::function<std::string(const std::vector<int64_t>& i
 // degenerate comparison proves nothing).
 report::Check compare_exact(const std::string& path, const std::string& compared,
                             const at::Tensor& prod, const at::Tensor& ref,
-                            const ElementDescriber& describe = {});
+                            const ElementDescriber& describe = {}, bool keep_tensors = false);
 
 // The ratio rule (shared/docs/verification.md): with err(x) = max |x - ref|,
 // pass iff err(prod) <= ratio * err(base) + floor, floor = 2 * ulp(max |ref|) in the
@@ -29,7 +29,7 @@ report::Check compare_exact(const std::string& path, const std::string& compared
 // worst element and the mismatch count under torch.testing's default tolerances.
 report::Check compare_ratio(const std::string& path, const at::Tensor& prod, const at::Tensor& base,
                             const at::Tensor& ref, at::ScalarType compute_dtype,
-                            double ratio = 2.0);
+                            bool keep_tensors = false, double ratio = 2.0);
 
 // Machine epsilon of fp32 / fp16 / bf16 (fp64 too).
 double dtype_epsilon(at::ScalarType dtype);

@@ -122,7 +122,8 @@ class DequantRunner final : public CaseRunner {
     }
   }
 
-  RunOutput run(const CaseSpec& s, const std::string& id) const override {
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
     const DequantCase c(s);
     const int64_t K = c.in_features, N = c.out_features;
     QuantizedWeight q = quantize_seeded_layer(c.seed, "", K, N, c.gptq);
@@ -167,27 +168,36 @@ class DequantRunner final : public CaseRunner {
     };
 
     const std::string p = id + "/gptq/";
+    const bool keep = options.keep_tensors;
     std::vector<report::Check> checks;
     checks.push_back(compare_exact(p + "codes",
                                    "quantizer codes vs reference decode of packed qweight", q.codes,
-                                   bridge::to_tensor(ref_codes), describe));
+                                   bridge::to_tensor(ref_codes), describe, keep));
     checks.push_back(compare_exact(p + "zeros", "quantizer zeros vs reference decode of qzeros",
-                                   q.zeros, bridge::to_tensor(ref_zeros), describe_zero));
+                                   q.zeros, bridge::to_tensor(ref_zeros), describe_zero, keep));
     checks.push_back(compare_exact(p + "unpacked_codes", "prod unpack vs reference decode",
-                                   prod_codes, bridge::to_tensor(ref_codes), describe));
+                                   prod_codes, bridge::to_tensor(ref_codes), describe, keep));
     checks.push_back(compare_exact(p + "codes_roundtrip",
                                    "quantize -> pack -> unpack vs quantizer codes", prod_codes,
-                                   q.codes.to(at::kLong), describe));
+                                   q.codes.to(at::kLong), describe, keep));
     checks.push_back(compare_exact(p + "decoded_zeros", "prod zero decode vs reference decode",
-                                   prod_zeros, bridge::to_tensor(ref_zeros), describe_zero));
+                                   prod_zeros, bridge::to_tensor(ref_zeros), describe_zero, keep));
     const auto ref_in_layout = c.layout == DequantLayout::kOutIn ? ref_weight.t() : ref_weight;
     checks.push_back(compare_exact(p + "weight",
                                    "prod dequant (" + c.device +
                                        ") vs fp64 reference rounded once to " +
                                        s.get_string("dtype"),
-                                   prod_weight, ref_in_layout, describe));
+                                   prod_weight, ref_in_layout, describe, keep));
     checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
-    return {checks, {}};
+    RunOutput out{checks, {}, {}};
+    if (keep) {
+      for (const auto& [name, t] :
+           {std::pair{"qweight", packed.qweight}, std::pair{"qzeros", packed.qzeros},
+            std::pair{"scales", packed.scales}, std::pair{"g_idx", packed.g_idx}}) {
+        out.inputs.emplace_back(name, bridge::to_tensor_data(t));
+      }
+    }
+    return out;
   }
 
  private:

@@ -10,6 +10,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#ifndef GRADSCOPE_COMMIT
+#define GRADSCOPE_COMMIT "unknown"
+#endif
+
 namespace gradscope {
 
 bool cuda_usable() {
@@ -20,6 +24,7 @@ report::Environment probe_environment(const std::string& device) {
   report::Environment env;
   env.device = device;
   env.torch = TORCH_VERSION;
+  env.commit = GRADSCOPE_COMMIT;
   env.compiler = "g++ " __VERSION__;
 #ifdef GRADSCOPE_WITH_CUDA
   if (cuda_usable()) {

@@ -156,8 +156,8 @@ Dropout make_dropout(const Config& c, const std::string& name, int64_t features)
 void Checks::add(const std::string& projection, const std::string& tensor, const at::Tensor& prod,
                  const at::Tensor& base, const reference::Matrix& ref, at::IntArrayRef shape) {
   const auto ref_tensor = bridge::to_tensor(ref).reshape(shape);
-  checks_.push_back(
-      compare_ratio(prefix_ + projection + "/" + tensor, prod, base, ref_tensor, config_.dtype));
+  checks_.push_back(compare_ratio(prefix_ + projection + "/" + tensor, prod, base, ref_tensor,
+                                  config_.dtype, keep_tensors_));
 }
 
 void Checks::add_adapter_grads(const Projection& p, const at::Tensor& prod_dA,
@@ -193,6 +193,24 @@ void Measure::finish(const std::string& name,
   metrics.emplace_back(
       name + ".seconds",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+}
+
+void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
+                 const std::vector<std::pair<std::string, const Activation*>>& output_grads,
+                 const std::vector<const Projection*>& projections,
+                 const std::vector<std::pair<std::string, const Dropout*>>& dropouts) {
+  if (!options.keep_tensors) return;
+  out.inputs.emplace_back("x", bridge::to_tensor_data(x.base));
+  for (const auto& [name, g] : output_grads) {
+    out.inputs.emplace_back(name, bridge::to_tensor_data(g->base));
+  }
+  for (const auto* p : projections) {
+    out.inputs.emplace_back(p->name + ".lora_A", bridge::to_tensor_data(p->base.lora_A));
+    out.inputs.emplace_back(p->name + ".lora_B", bridge::to_tensor_data(p->base.lora_B));
+  }
+  for (const auto& [name, d] : dropouts) {
+    if (d->device.p > 0) out.inputs.emplace_back(name, bridge::to_tensor_data(d->device.mask));
+  }
 }
 
 std::vector<at::Tensor> leaves(const Activation& x,

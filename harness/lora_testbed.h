@@ -72,7 +72,8 @@ Dropout make_dropout(const Config& c, const std::string& name, int64_t features)
 // Collects the ratio-rule checks of one case under <id>/layer0/<module>/.
 class Checks {
  public:
-  Checks(const Config& c, std::string prefix) : config_(c), prefix_(std::move(prefix)) {}
+  Checks(const Config& c, std::string prefix, bool keep_tensors)
+      : config_(c), prefix_(std::move(prefix)), keep_tensors_(keep_tensors) {}
   // `projection`/`tensor`, e.g. ("q_proj", "lora_A.grad"); ref is reshaped to prod's
   // expected shape `shape` so a wrongly shaped prod fails.
   void add(const std::string& projection, const std::string& tensor, const at::Tensor& prod,
@@ -85,6 +86,7 @@ class Checks {
  private:
   const Config& config_;
   std::string prefix_;
+  bool keep_tensors_;
   std::vector<report::Check> checks_;
 };
 
@@ -101,6 +103,13 @@ class Measure {
   bool track_memory_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// For dumps: the generated inputs of a case (x, output gradients, initial adapters,
+// dropout masks), recorded only when the run keeps tensors.
+void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
+                 const std::vector<std::pair<std::string, const Activation*>>& output_grads,
+                 const std::vector<const Projection*>& projections,
+                 const std::vector<std::pair<std::string, const Dropout*>>& dropouts);
 
 enum class Impl { kProd, kBase };
 // The autograd leaves of one implementation, in the order runners index gradients:

@@ -35,7 +35,8 @@ class LoraWRunner final : public CaseRunner {
                         "out_features");
   }
 
-  RunOutput run(const CaseSpec& s, const std::string& id) const override {
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
     const tb::Config c(s);
     const int64_t in = s.get_int("in_features"), out = s.get_int("out_features");
     RunOutput result;
@@ -61,10 +62,11 @@ class LoraWRunner final : public CaseRunner {
     const auto gr = reference::lora_backward(x.ref, dy.ref, o.ref, drop.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/self_attn/");
+    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors);
     checks.add("o_proj", "output", y, yb, yr, c.shape(out));
     checks.add("o_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(in));
     checks.add_adapter_grads(o, g[1], g[2], gb[1], gb[2], gr);
+    tb::keep_inputs(result, options, x, {{"dy", &dy}}, {&o}, {{"dropout.x", &drop}});
     result.checks = checks.take();
     return result;
   }

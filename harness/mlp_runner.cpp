@@ -36,7 +36,8 @@ class MlpRunner final : public CaseRunner {
                         "hidden");
   }
 
-  RunOutput run(const CaseSpec& s, const std::string& id) const override {
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
     const tb::Config c(s);
     const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
     RunOutput result;
@@ -69,12 +70,14 @@ class MlpRunner final : public CaseRunner {
         reference::mlp_backward(x.ref, dy.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/mlp/");
+    tb::Checks checks(c, id + "/layer0/mlp/", options.keep_tensors);
     checks.add("down_proj", "output", y, yb, yr, c.shape(hidden));
     checks.add("gate_up_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(hidden));
     checks.add_adapter_grads(gate, g[1], g[2], gb[1], gb[2], gr.gate);
     checks.add_adapter_grads(up, g[3], g[4], gb[3], gb[4], gr.up);
     checks.add_adapter_grads(down, g[5], g[6], gb[5], gb[6], gr.down);
+    tb::keep_inputs(result, options, x, {{"dy", &dy}}, {&gate, &up, &down},
+                    {{"dropout.x", &drop_x}, {"dropout.h", &drop_h}});
     result.checks = checks.take();
     return result;
   }

@@ -50,7 +50,8 @@ class QkvRunner final : public CaseRunner {
     validate_gptq_shape(s, hidden, hidden / heads * kv, "hidden", "kv_heads");
   }
 
-  RunOutput run(const CaseSpec& s, const std::string& id) const override {
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
     const tb::Config c(s);
     const int64_t hidden = s.get_int("hidden");
     const int64_t kv_out = hidden / s.get_int("heads") * s.get_int("kv_heads");
@@ -85,7 +86,7 @@ class QkvRunner final : public CaseRunner {
         reference::qkv_backward(x.ref, dq.ref, dk.ref, dv.ref, q.ref, k.ref, v.ref, drop.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/self_attn/");
+    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors);
     checks.add("q_proj", "output", y[0], yb[0], yr.q, c.shape(hidden));
     checks.add("k_proj", "output", y[1], yb[1], yr.k, c.shape(kv_out));
     checks.add("v_proj", "output", y[2], yb[2], yr.v, c.shape(kv_out));
@@ -93,6 +94,8 @@ class QkvRunner final : public CaseRunner {
     checks.add_adapter_grads(q, g[1], g[2], gb[1], gb[2], gr.q);
     checks.add_adapter_grads(k, g[3], g[4], gb[3], gb[4], gr.k);
     checks.add_adapter_grads(v, g[5], g[6], gb[5], gb[6], gr.v);
+    tb::keep_inputs(result, options, x, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}, {&q, &k, &v},
+                    {{"dropout.x", &drop}});
     result.checks = checks.take();
     return result;
   }

@@ -40,6 +40,36 @@ at::Tensor to_tensor(const reference::Matrix& m) {
   return t;
 }
 
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+      return "fp32";
+    case at::kHalf:
+      return "fp16";
+    case at::kBFloat16:
+      return "bf16";
+    case at::kDouble:
+      return "fp64";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(type);
+  }
+}
+
+report::TensorData to_tensor_data(const at::Tensor& t) {
+  report::TensorData d;
+  d.dtype = dtype_name(t.scalar_type());
+  d.shape = t.sizes().vec();
+  const auto values = t.detach().cpu().to(at::kDouble).contiguous();
+  d.values.assign(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+  return d;
+}
+
 reference::Matrix to_matrix(const at::Tensor& t) {
   const auto d = t.detach().cpu().to(at::kDouble).contiguous();
   const int64_t cols = d.dim() == 0 ? 1 : d.size(-1);

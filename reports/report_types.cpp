@@ -18,6 +18,18 @@ std::string format_spec_value(const SpecValue& value) {
   return std::visit(Formatter{}, value);
 }
 
+std::pair<double, double> assert_close_tolerances(const std::string& dtype) {
+  if (dtype == "fp16") return {1e-3, 1e-5};
+  if (dtype == "bf16") return {1.6e-2, 1e-5};
+  if (dtype == "fp64") return {1e-7, 1e-7};
+  return {1.3e-6, 1e-5};
+}
+
+std::pair<double, double> assert_close_tolerances(const std::string& a, const std::string& b) {
+  const auto ta = assert_close_tolerances(a), tb = assert_close_tolerances(b);
+  return ta.first >= tb.first ? ta : tb;
+}
+
 int64_t RunReport::passed() const {
   int64_t n = 0;
   for (const auto& c : cases) n += c.passed() ? 1 : 0;

@@ -17,6 +17,26 @@ using SpecFields = std::vector<std::pair<std::string, SpecValue>>;
 
 std::string format_spec_value(const SpecValue& value);
 
+// torch.testing.assert_close's default (rtol, atol) for a dtype name (fp16, bf16, fp32,
+// fp64; anything else gets fp32's); mixed dtypes take the looser pair.
+std::pair<double, double> assert_close_tolerances(const std::string& dtype);
+std::pair<double, double> assert_close_tolerances(const std::string& a, const std::string& b);
+
+// A tensor's values for dumps. fp64 holds every value of the dtypes used here exactly
+// (fp32, fp16, bf16, fp64 up to rounding-free copies; int32 and bool).
+struct TensorData {
+  std::string dtype;  // fp32 fp16 bf16 fp64 int32 int64 bool
+  std::vector<int64_t> shape;
+  std::vector<double> values;  // row-major
+};
+
+// The three implementations' versions of one compared tensor.
+struct CheckTensors {
+  TensorData prod;
+  std::optional<TensorData> base;
+  TensorData ref;
+};
+
 // The element where prod is furthest from the reference.
 struct WorstElement {
   std::vector<int64_t> index;
@@ -41,14 +61,17 @@ struct Check {
   std::optional<double> rel_fro;           // ||prod - ref|| / ||ref||
   std::optional<double> cosine;            // <prod, ref> / (||prod|| ||ref||)
   std::optional<WorstElement> worst;
-  std::string failure;  // assert_close-style message; empty when passed
+  std::string failure;                  // assert_close-style message; empty when passed
+  std::optional<CheckTensors> tensors;  // kept only when a dump was asked for
 };
 
 struct CaseResult {
   std::string id;
   std::string kind;
-  std::string source;  // case file the case came from
-  SpecFields spec;     // resolved fields, named as in the case file
+  std::string source;     // case file the case came from
+  SpecFields spec;        // resolved fields, named as in the case file
+  std::string spec_toml;  // the same, as case-file text
+  std::vector<std::pair<std::string, TensorData>> inputs;  // generated inputs, when kept
   std::vector<Check> checks;
   std::string replay;  // command that runs just this case
   // Figures reported, not gated: peak memory, timings.
@@ -65,6 +88,7 @@ struct CaseResult {
 
 struct Environment {
   std::string device;
+  std::string commit;
   std::optional<std::string> gpu;
   std::string torch;
   std::optional<std::string> cuda;

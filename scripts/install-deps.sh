@@ -6,6 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libcli11-dev
               libtomlplusplus-dev nlohmann-json3-dev libgtest-dev)
 TORCH_VERSION=2.11.0
+PY_PACKAGES=(h5py)  # the users' reader of dumps; tests check it reads them
 PYTHON=${PYTHON:-python3}
 
 missing=()
@@ -23,3 +24,9 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] !
   echo "install-deps: pip install torch==$TORCH_VERSION"
   "$PYTHON" -m pip install --quiet --root-user-action=ignore "torch==$TORCH_VERSION"
 fi
+for pkg in "${PY_PACKAGES[@]}"; do
+  if ! "$PYTHON" -c "import $pkg" 2>/dev/null; then
+    echo "install-deps: pip install $pkg"
+    "$PYTHON" -m pip install --quiet --root-user-action=ignore "$pkg"
+  fi
+done

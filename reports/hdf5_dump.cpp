@@ -1,0 +1,327 @@
+#include "reports/hdf5_dump.h"
+
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+
+namespace gradscope::report {
+namespace {
+
+// Owns one HDF5 identifier.
+class Handle {
+ public:
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Handle() {
+    if (id_ >= 0) close_(id_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+// HDF5 prints its own error stack to stderr by default; errors here become exceptions.
+struct QuietErrors {
+  QuietErrors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+
+void check(herr_t status, const std::string& what) {
+  if (status < 0) throw DumpError(what);
+}
+
+class Writer {
+ public:
+  explicit Writer(const std::string& path) : path_(path) {
+    static const QuietErrors quiet;
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (file_ < 0) throw DumpError("cannot create " + path);
+    gcpl_ = H5Pcreate(H5P_GROUP_CREATE);
+    H5Pset_obj_track_times(gcpl_, false);
+  }
+  ~Writer() {
+    H5Pclose(gcpl_);
+    if (file_ >= 0) H5Fclose(file_);
+  }
+  void close() {
+    check(H5Fclose(file_), "cannot close " + path_);
+    file_ = -1;
+  }
+
+  // Creates every missing group along `path` (each without timestamps).
+  hid_t group(const std::string& path) {
+    std::string current;
+    std::stringstream parts(path);
+    for (std::string part; std::getline(parts, part, '/');) {
+      if (part.empty()) continue;
+      current += "/" + part;
+      if (H5Lexists(file_, current.c_str(), H5P_DEFAULT) <= 0) {
+        const hid_t g = H5Gcreate2(file_, current.c_str(), H5P_DEFAULT, gcpl_, H5P_DEFAULT);
+        if (g < 0) throw DumpError("cannot create group " + current + " in " + path_);
+        H5Gclose(g);
+      }
+    }
+    return file_;
+  }
+
+  void attribute(const std::string& object, const std::string& name, const std::string& value) {
+    const Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
+    H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+    write_attribute(object, name, type.get(), value.data());
+  }
+  void attribute(const std::string& object, const std::string& name, double value) {
+    write_attribute(object, name, H5T_NATIVE_DOUBLE, &value);
+  }
+  void attribute(const std::string& object, const std::string& name, int64_t value) {
+    write_attribute(object, name, H5T_NATIVE_INT64, &value);
+  }
+
+  void dataset(const std::string& group_path, const std::string& name, const TensorData& t) {
+    group(group_path);
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    if (dims.empty()) dims.push_back(t.values.size());
+    const Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                       H5Sclose);
+    const Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_obj_track_times(dcpl.get(), false);
+    if (t.values.size() >= 4096) {
+      // Chunks of whole rows, at most ~1M elements; shuffle + deflate.
+      std::vector<hsize_t> chunk = dims;
+      hsize_t elements = 1;
+      for (size_t i = 1; i < chunk.size(); ++i) elements *= chunk[i];
+      chunk[0] = std::max<hsize_t>(
+          1, std::min<hsize_t>(dims[0], (1 << 20) / std::max<hsize_t>(1, elements)));
+      H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+      H5Pset_shuffle(dcpl.get());
+      H5Pset_deflate(dcpl.get(), 4);
+    }
+    // fp16 and bf16 (which HDF5 1.10 lacks) are stored as float32; fp64 stays fp64.
+    const hid_t file_type = t.dtype == "fp64"    ? H5T_IEEE_F64LE
+                            : t.dtype == "int32" ? H5T_STD_I32LE
+                            : t.dtype == "int64" ? H5T_STD_I64LE
+                            : t.dtype == "bool"  ? H5T_STD_U8LE
+                                                 : H5T_IEEE_F32LE;
+    const std::string full = group_path + "/" + name;
+    const Handle ds(H5Dcreate2(file_, full.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(),
+                               H5P_DEFAULT),
+                    H5Dclose);
+    if (!ds.ok()) throw DumpError("cannot create dataset " + full + " in " + path_);
+    check(H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values.data()),
+          "cannot write dataset " + full + " in " + path_);
+    attribute(full, "dtype", t.dtype);
+  }
+
+ private:
+  void write_attribute(const std::string& object, const std::string& name, hid_t type,
+                       const void* value) {
+    const Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    const Handle attr(H5Acreate_by_name(file_, object.c_str(), name.c_str(), type, space.get(),
+                                        H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                      H5Aclose);
+    if (!attr.ok())
+      throw DumpError("cannot write attribute " + object + "@" + name + " in " + path_);
+    check(H5Awrite(attr.get(), type, value), "cannot write attribute " + name);
+  }
+
+  std::string path_;
+  hid_t file_ = -1;
+  hid_t gcpl_ = -1;
+};
+
+bool keep_check(const Check& c, const DumpOptions& o) {
+  if (!c.tensors) return false;
+  return !o.gradients_only ||
+         (c.path.size() > 5 && c.path.compare(c.path.size() - 5, 5, ".grad") == 0);
+}
+
+void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
+  const std::string root = "/" + c.id;
+  w.group(root);
+  w.attribute(root, "kind", c.kind);
+  w.attribute(root, "status", std::string(c.passed() ? "pass" : "fail"));
+  w.attribute(root, "case_toml", c.spec_toml);
+  for (const auto& [name, value] : c.spec) {
+    if (name == "seed" || name == "dtype" || name == "device") {
+      std::visit(
+          [&](const auto& v) {
+            using T = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, std::string>) {
+              w.attribute(root, name, v);
+            }
+          },
+          value);
+    }
+  }
+  if (!o.gradients_only) {
+    for (const auto& [name, data] : c.inputs) w.dataset(root + "/inputs", name, data);
+  }
+  for (const auto& check : c.checks) {
+    if (!keep_check(check, o)) continue;
+    const std::string group = "/" + check.path;
+    w.dataset(group, "prod", check.tensors->prod);
+    if (check.tensors->base) w.dataset(group, "base", *check.tensors->base);
+    w.dataset(group, "ref", check.tensors->ref);
+    w.attribute(group, "status", std::string(check.passed ? "pass" : "fail"));
+    w.attribute(group, "exact", static_cast<int64_t>(check.exact));
+    w.attribute(group, "max_abs", check.max_abs);
+    w.attribute(group, "mean_abs", check.mean_abs);
+    w.attribute(group, "limit", check.limit);
+    w.attribute(group, "mismatches", check.mismatches);
+    if (check.baseline_max_abs) w.attribute(group, "baseline_max_abs", *check.baseline_max_abs);
+    if (check.rel_fro) w.attribute(group, "rel_fro", *check.rel_fro);
+    if (check.cosine) w.attribute(group, "cosine", *check.cosine);
+  }
+}
+
+// ---- reading ----
+
+std::string read_attribute(hid_t attr) {
+  const Handle type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(type.get()) == H5T_STRING) {
+    std::string value(H5Tget_size(type.get()), '\0');
+    if (H5Aread(attr, type.get(), value.data()) < 0) return "";
+    return value.substr(0, value.find('\0'));
+  }
+  if (H5Tget_class(type.get()) == H5T_INTEGER) {
+    int64_t v = 0;
+    H5Aread(attr, H5T_NATIVE_INT64, &v);
+    return std::to_string(v);
+  }
+  double v = 0;
+  H5Aread(attr, H5T_NATIVE_DOUBLE, &v);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::map<std::string, std::string> read_attributes(hid_t object) {
+  std::map<std::string, std::string> out;
+  H5O_info_t info;
+  if (H5Oget_info2(object, &info, H5O_INFO_NUM_ATTRS) < 0) return out;
+  for (hsize_t i = 0; i < info.num_attrs; ++i) {
+    const Handle attr(
+        H5Aopen_by_idx(object, ".", H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT),
+        H5Aclose);
+    if (!attr.ok()) continue;
+    const ssize_t n = H5Aget_name(attr.get(), 0, nullptr);
+    std::string name(n, '\0');
+    H5Aget_name(attr.get(), n + 1, name.data());
+    out[name] = read_attribute(attr.get());
+  }
+  return out;
+}
+
+struct VisitState {
+  Dump* dump;
+  hid_t file;
+  std::string error;
+};
+
+herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
+  auto* state = static_cast<VisitState*>(data);
+  const std::string path = std::string("/") + (std::string(name) == "." ? "" : name);
+  if (info->type == H5O_TYPE_GROUP) {
+    const Handle g(H5Oopen(root, name, H5P_DEFAULT), H5Oclose);
+    if (g.ok()) state->dump->group_attributes[path] = read_attributes(g.get());
+    return 0;
+  }
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  const Handle ds(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
+  if (!ds.ok()) {
+    state->error = "cannot open dataset " + path;
+    return -1;
+  }
+  const Handle space(H5Dget_space(ds.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(std::max(rank, 0));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  DumpDataset d;
+  d.path = path;
+  size_t count = 1;
+  for (auto v : dims) {
+    d.shape.push_back(static_cast<int64_t>(v));
+    count *= v;
+  }
+  d.values.resize(count);
+  if (count > 0 &&
+      H5Dread(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.values.data()) < 0) {
+    state->error = "cannot read dataset " + path + " (truncated or corrupt file?)";
+    return -1;
+  }
+  const auto attrs = read_attributes(ds.get());
+  auto it = attrs.find("dtype");
+  d.dtype = it == attrs.end() ? "?" : it->second;
+  state->dump->datasets.push_back(std::move(d));
+  return 0;
+}
+
+}  // namespace
+
+void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    Writer w(tmp);
+    w.attribute("/", "format", std::string(kDumpFormat));
+    w.attribute("/", "schema_version", static_cast<int64_t>(kDumpSchemaVersion));
+    w.attribute("/", "gradscope_version", report.version);
+    const auto& env = report.environment;
+    w.attribute("/", "commit", env.commit);
+    w.attribute("/", "device", env.device);
+    w.attribute("/", "gpu", env.gpu.value_or(""));
+    w.attribute("/", "torch", env.torch);
+    w.attribute("/", "cuda", env.cuda.value_or(""));
+    w.attribute("/", "compiler", env.compiler);
+    for (const auto& c : report.cases) {
+      if (options.failing_only && c.passed()) continue;
+      write_case(w, c, options);
+    }
+    w.close();
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw DumpError("cannot write " + path);
+  }
+}
+
+Dump read_dump(const std::string& path) {
+  static const QuietErrors quiet;
+  if (::access(path.c_str(), R_OK) != 0) throw DumpError(path + ": file not found or unreadable");
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw DumpError(path + ": not an HDF5 file");
+  const Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) throw DumpError(path + ": cannot open (truncated or corrupt HDF5 file?)");
+  Dump dump;
+  dump.attributes = read_attributes(file.get());
+  auto format = dump.attributes.find("format");
+  if (format == dump.attributes.end() || format->second != kDumpFormat) {
+    throw DumpError(path + ": not a gradscope dump (root attribute format != \"" +
+                    std::string(kDumpFormat) + "\")");
+  }
+  VisitState state{&dump, file.get(), ""};
+  if (H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &state, H5O_INFO_BASIC) < 0) {
+    throw DumpError(path + ": " + (state.error.empty() ? "cannot walk the file" : state.error));
+  }
+  for (const auto& [group, attrs] : dump.group_attributes) {
+    if (std::count(group.begin(), group.end(), '/') == 1 && group != "/" && attrs.count("kind")) {
+      dump.cases.push_back(group.substr(1));
+    }
+  }
+  std::sort(dump.cases.begin(), dump.cases.end());
+  std::sort(dump.datasets.begin(), dump.datasets.end(),
+            [](const DumpDataset& a, const DumpDataset& b) { return a.path < b.path; });
+  return dump;
+}
+
+}  // namespace gradscope::report

@@ -1,0 +1,50 @@
+// HDF5 dumps of a run (`gradscope run --dump FILE.h5`) and the reader that `show` and
+// `diff` use. The layout is documented in reports/SCHEMA.md.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "reports/report_types.h"
+
+namespace gradscope::report {
+
+// A file that cannot be read as a gradscope dump; the message names the file.
+struct DumpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct DumpOptions {
+  bool failing_only = false;    // only cases that failed
+  bool gradients_only = false;  // only checks of gradients (paths ending in ".grad"), no inputs
+};
+
+// Writes the whole file or nothing (temporary file, then rename). Identical runs give
+// identical bytes: HDF5 object timestamps are switched off.
+void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options);
+
+struct DumpDataset {
+  std::string path;   // "/<case id>/layer0/mlp/gate_proj/lora_A.grad/prod"
+  std::string dtype;  // the original dtype (attribute "dtype")
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+struct Dump {
+  std::map<std::string, std::string> attributes;  // root attributes
+  std::vector<std::string> cases;                 // case ids, sorted
+  std::vector<DumpDataset> datasets;              // sorted by path
+  // Attributes of every group, by group path ("/" for the root).
+  std::map<std::string, std::map<std::string, std::string>> group_attributes;
+};
+
+// Throws DumpError for a missing, unreadable, truncated or non-HDF5 file, or one
+// whose root does not say format = "gradscope-dump".
+Dump read_dump(const std::string& path);
+
+inline constexpr const char* kDumpFormat = "gradscope-dump";
+inline constexpr int kDumpSchemaVersion = 1;
+
+}  // namespace gradscope::report

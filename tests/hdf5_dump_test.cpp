@@ -1,0 +1,221 @@
+// The HDF5 dump: written by reports/, read back tensor for tensor through the plain
+// HDF5 C API, then through our reader; bad files are refused with the file named.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "reports/dump_tools.h"
+#include "reports/hdf5_dump.h"
+#include "reports/junit_report.h"
+#include "test_files.h"
+
+namespace gradscope::report {
+namespace {
+
+TensorData tensor(std::string dtype, std::vector<int64_t> shape, double start) {
+  TensorData t{std::move(dtype), std::move(shape), {}};
+  int64_t n = 1;
+  for (auto d : t.shape) n *= d;
+  for (int64_t i = 0; i < n; ++i) t.values.push_back(start + 0.25 * i);
+  return t;
+}
+
+RunReport sample_report(double prod_offset = 0) {
+  RunReport r;
+  r.version = "test";
+  r.environment = {"cpu", "abc123", std::nullopt, "2.11.0", std::nullopt, "g++"};
+  CaseResult c;
+  c.id = "mlp.bf16.h8i16.s1";
+  c.kind = "mlp";
+  c.spec = {{"kind", std::string("mlp")}, {"seed", int64_t{1}}, {"dtype", std::string("bf16")}};
+  c.spec_toml = "kind = \"mlp\"\nseed = 1\n";
+  c.inputs = {{"x", tensor("bf16", {4, 8}, -1)}};
+  Check grad;
+  grad.path = c.id + "/layer0/mlp/gate_proj/lora_A.grad";
+  grad.passed = true;
+  grad.max_abs = 0.5;
+  grad.baseline_max_abs = 0.25;
+  grad.tensors = CheckTensors{tensor("fp32", {2, 8}, prod_offset), tensor("fp32", {2, 8}, 0),
+                              tensor("fp64", {2, 8}, 0)};
+  Check out;
+  out.path = c.id + "/layer0/mlp/down_proj/output";
+  out.passed = true;
+  out.tensors =
+      CheckTensors{tensor("bf16", {4, 8}, 1), tensor("bf16", {4, 8}, 1), tensor("fp64", {4, 8}, 1)};
+  c.checks = {grad, out};
+  r.cases.push_back(c);
+  return r;
+}
+
+std::string bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Hdf5Dump, TheHdf5CApiReadsBackEveryTensor) {
+  testing::TempDir dir;
+  const auto path = dir.path("d.h5");
+  const auto report = sample_report();
+  write_dump(path, report, {});
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const auto& c = report.cases[0];
+  const auto read = [&](const std::string& name, const TensorData& expected) {
+    const hid_t ds = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+    ASSERT_GE(ds, 0) << name;
+    const hid_t space = H5Dget_space(ds);
+    std::vector<hsize_t> dims(H5Sget_simple_extent_ndims(space));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    EXPECT_EQ(std::vector<int64_t>(dims.begin(), dims.end()), expected.shape) << name;
+    std::vector<double> values(expected.values.size());
+    EXPECT_GE(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    EXPECT_EQ(values, expected.values) << name;
+    H5Sclose(space);
+    H5Dclose(ds);
+  };
+  read("/" + c.id + "/inputs/x", c.inputs[0].second);
+  for (const auto& check : c.checks) {
+    read("/" + check.path + "/prod", check.tensors->prod);
+    read("/" + check.path + "/base", *check.tensors->base);
+    read("/" + check.path + "/ref", check.tensors->ref);
+  }
+  H5Fclose(file);
+
+  const Dump dump = read_dump(path);
+  EXPECT_EQ(dump.attributes.at("format"), kDumpFormat);
+  EXPECT_EQ(dump.attributes.at("commit"), "abc123");
+  EXPECT_EQ(dump.cases, std::vector<std::string>{c.id});
+  EXPECT_EQ(dump.datasets.size(), 7u);
+  EXPECT_EQ(dump.group_attributes.at("/" + c.id).at("case_toml"), c.spec_toml);
+  EXPECT_EQ(dump.group_attributes.at("/" + c.checks[0].path).at("baseline_max_abs"), "0.25");
+}
+
+TEST(Hdf5Dump, IdenticalRunsGiveIdenticalFiles) {
+  testing::TempDir dir;
+  write_dump(dir.path("a.h5"), sample_report(), {});
+  write_dump(dir.path("b.h5"), sample_report(), {});
+  EXPECT_EQ(bytes(dir.path("a.h5")), bytes(dir.path("b.h5")));
+}
+
+TEST(Hdf5Dump, GradientsOnlyAndFailingOnly) {
+  testing::TempDir dir;
+  write_dump(dir.path("g.h5"), sample_report(), {false, true});
+  for (const auto& d : read_dump(dir.path("g.h5")).datasets) {
+    EXPECT_NE(d.path.find(".grad/"), std::string::npos) << d.path;
+  }
+  write_dump(dir.path("f.h5"), sample_report(), {true, false});
+  EXPECT_TRUE(read_dump(dir.path("f.h5")).cases.empty());
+}
+
+std::string dump_error(const std::string& path) {
+  try {
+    read_dump(path);
+  } catch (const DumpError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hdf5Dump, BadFilesAreRefusedNamingTheFile) {
+  testing::TempDir dir;
+  EXPECT_NE(dump_error(dir.path("missing.h5")).find("missing.h5: file not found"),
+            std::string::npos);
+  const auto text = dir.write("text.h5", "not hdf5 at all");
+  EXPECT_NE(dump_error(text).find("text.h5: not an HDF5 file"), std::string::npos);
+  write_dump(dir.path("good.h5"), sample_report(), {});
+  const auto content = bytes(dir.path("good.h5"));
+  std::ofstream(dir.path("truncated.h5"), std::ios::binary)
+      << content.substr(0, content.size() / 2);
+  EXPECT_NE(dump_error(dir.path("truncated.h5")).find("truncated.h5"), std::string::npos);
+  const hid_t f = H5Fcreate(dir.path("other.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  H5Fclose(f);
+  EXPECT_NE(dump_error(dir.path("other.h5")).find("other.h5: not a gradscope dump"),
+            std::string::npos);
+}
+
+TEST(DumpTools, DiffOfADumpWithItselfFindsNothing) {
+  testing::TempDir dir;
+  write_dump(dir.path("a.h5"), sample_report(), {});
+  std::ostringstream out;
+  const auto dump = read_dump(dir.path("a.h5"));
+  const auto r = diff_dumps(out, dump, "a", dump, "a", {});
+  EXPECT_EQ(r.differing, 0);
+  EXPECT_EQ(r.tensors, 7);
+}
+
+TEST(DumpTools, DiffNamesTheTensorsThatDiffer) {
+  testing::TempDir dir;
+  write_dump(dir.path("a.h5"), sample_report(), {});
+  write_dump(dir.path("b.h5"), sample_report(1e-3), {});
+  std::ostringstream out;
+  const auto r =
+      diff_dumps(out, read_dump(dir.path("a.h5")), "a", read_dump(dir.path("b.h5")), "b", {});
+  EXPECT_EQ(r.differing, 1);
+  const auto group = out.str().find("gate_proj/lora_A.grad\n");
+  ASSERT_NE(group, std::string::npos) << out.str();
+  const auto prod = out.str().find("    prod ", group);
+  ASSERT_NE(prod, std::string::npos);
+  EXPECT_EQ(out.str().find("DIFFERS"), out.str().find("DIFFERS", prod)) << out.str();
+  EXPECT_LT(out.str().find("DIFFERS", prod), out.str().find("    ref ", prod));
+  // Loose tolerances accept the same difference.
+  std::ostringstream loose;
+  EXPECT_EQ(diff_dumps(loose, read_dump(dir.path("a.h5")), "a", read_dump(dir.path("b.h5")), "b",
+                       {1e-2, 1e-2})
+                .differing,
+            0);
+}
+
+TEST(DumpTools, DiffRefusesDumpsOfDifferentCases) {
+  testing::TempDir dir;
+  auto other = sample_report();
+  other.cases[0].id = "mlp.bf16.h8i16.s2";
+  for (auto& c : other.cases[0].checks) c.path.replace(0, c.path.find('/'), other.cases[0].id);
+  write_dump(dir.path("a.h5"), sample_report(), {});
+  write_dump(dir.path("b.h5"), other, {});
+  std::ostringstream out;
+  try {
+    diff_dumps(out, read_dump(dir.path("a.h5")), "a.h5", read_dump(dir.path("b.h5")), "b.h5", {});
+    FAIL();
+  } catch (const DumpError& e) {
+    EXPECT_NE(std::string(e.what()).find("only in a.h5:\n  mlp.bf16.h8i16.s1"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DumpTools, ShowPrintsTheTreeOrOnePath) {
+  testing::TempDir dir;
+  write_dump(dir.path("a.h5"), sample_report(), {});
+  const auto dump = read_dump(dir.path("a.h5"));
+  std::ostringstream all, one;
+  show_dump(all, dump, "a.h5");
+  EXPECT_NE(all.str().find("/mlp.bf16.h8i16.s1/layer0/mlp/down_proj/output"), std::string::npos);
+  EXPECT_NE(all.str().find("bf16  [4, 8]"), std::string::npos) << all.str();
+  show_dump(one, dump, "a.h5", "mlp.bf16.h8i16.s1/inputs");
+  EXPECT_NE(one.str().find("inputs"), std::string::npos);
+  EXPECT_EQ(one.str().find("down_proj"), std::string::npos);
+  EXPECT_THROW(show_dump(one, dump, "a.h5", "/nothing/here"), DumpError);
+}
+
+TEST(JUnit, OneTestcasePerCheckAndEscapedFailures) {
+  auto r = sample_report();
+  r.cases[0].checks[1].passed = false;
+  r.cases[0].checks[1].failure = "path: err(prod) 3 > limit 1 <&> \"quoted\"\n        more";
+  const auto xml = to_junit_xml(r);
+  EXPECT_NE(xml.find("<testsuites name=\"gradscope\" tests=\"2\" failures=\"1\""),
+            std::string::npos)
+      << xml;
+  EXPECT_NE(
+      xml.find(
+          "<testcase classname=\"mlp.bf16.h8i16.s1\" name=\"layer0/mlp/gate_proj/lora_A.grad\""),
+      std::string::npos);
+  EXPECT_NE(xml.find("message=\"path: err(prod) 3 &gt; limit 1 &lt;&amp;&gt; &quot;quoted&quot;\""),
+            std::string::npos)
+      << xml;
+  EXPECT_EQ(xml.find("<&>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradscope::report
