@@ -23,6 +23,7 @@
 #include "reports/console_report.h"
 #include "reports/dump_tools.h"
 #include "reports/hdf5_dump.h"
+#include "reports/html_report.h"
 #include "reports/json_report.h"
 #include "reports/junit_report.h"
 
@@ -146,7 +147,7 @@ void check_output_path(const std::string& path, const char* flag) {
 }
 
 struct RunOutputs {
-  std::string json, dump, junit, against;
+  std::string json, dump, junit, html, against;
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false;
 };
@@ -155,6 +156,7 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
   check_output_path(o.json, "--json");
   check_output_path(o.dump, "--dump");
   check_output_path(o.junit, "--junit");
+  check_output_path(o.html, "--html");
   if (!o.against.empty() && !files::is_regular_file(o.against)) {
     throw InputError("--against " + o.against + ": file not found");
   }
@@ -199,6 +201,7 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
     report::write_dump(o.dump, report, {o.dump_failing_only, o.dump_gradients_only});
   }
   if (!o.junit.empty()) report::write_file_atomically(o.junit, report::to_junit_xml(report));
+  if (!o.html.empty()) report::write_file_atomically(o.html, report::to_html(report));
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
@@ -254,6 +257,7 @@ int run_cli(int argc, const char* const* argv) {
   run->add_flag("--dump-gradients-only", outputs.dump_gradients_only,
                 "dump only gradient checks, no inputs");
   run->add_option("--junit", outputs.junit, "write JUnit XML (one testcase per check) to FILE");
+  run->add_option("--html", outputs.html, "write a self-contained HTML report with plots to FILE");
   run->add_option(
       "--against", outputs.against,
       "an accepted JSON report: exit 1 if a check's score grew or a check is new/missing");

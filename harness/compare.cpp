@@ -163,6 +163,16 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
                              bridge::to_tensor_data(ref)};
   }
   const auto diff = (prod - ref).abs();
+  {
+    const auto bins =
+        ((diff.clamp_min(1e-300).log10() - report::kErrorBinLow) / report::kErrorBinStep)
+            .floor()
+            .clamp(0, report::kErrorBins - 1)
+            .to(at::kLong);
+    const auto counts = at::bincount(bins.flatten(), {}, report::kErrorBins);
+    check.error_histogram.assign(counts.data_ptr<int64_t>(),
+                                 counts.data_ptr<int64_t>() + counts.numel());
+  }
   const double ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
   check.max_abs = check.numel ? diff.max().item<double>() : 0.0;
   check.mean_abs = check.numel ? diff.mean().item<double>() : 0.0;

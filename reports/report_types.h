@@ -63,7 +63,15 @@ struct Check {
   std::optional<WorstElement> worst;
   std::string failure;                  // assert_close-style message; empty when passed
   std::optional<CheckTensors> tensors;  // kept only when a dump was asked for
+  // Distribution of |prod - ref| over the elements (ratio checks): bin i counts errors in
+  // [10^(kErrorBinLow + i kErrorBinStep), 10^(kErrorBinLow + (i+1) kErrorBinStep)); the
+  // first bin also takes exact zeros and anything smaller, the last anything larger.
+  std::vector<int64_t> error_histogram;
 };
+
+inline constexpr double kErrorBinLow = -10.0;
+inline constexpr double kErrorBinStep = 0.5;
+inline constexpr int kErrorBins = 28;  // up to 10^4
 
 struct CaseResult {
   std::string id;

@@ -1,5 +1,5 @@
-// The HDF5 dump: written by reports/, read back tensor for tensor through the plain
-// HDF5 C API, then through our reader; bad files are refused with the file named.
+// The reports room. The HDF5 dump: written by reports/, read back tensor for tensor through the
+// plain HDF5 C API, then through our reader; bad files are refused with the file named.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -215,6 +215,43 @@ TEST(JUnit, OneTestcasePerCheckAndEscapedFailures) {
             std::string::npos)
       << xml;
   EXPECT_EQ(xml.find("<&>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradscope::report
+
+#include "reports/html_report.h"
+
+namespace gradscope::report {
+namespace {
+
+TEST(Html, SelfContainedWithTablesPlotsAndFailures) {
+  auto r = sample_report();
+  r.cases[0].checks[0].error_histogram.assign(kErrorBins, 0);
+  r.cases[0].checks[0].error_histogram[10] = 5;
+  r.cases[0].checks[1].passed = false;
+  r.cases[0].checks[1].failure = "down_proj/output: err(prod) 3 > limit <1>";
+  r.cases[0].checks[1].baseline_max_abs = 0.5;
+  r.cases[0].checks[1].max_abs = 3;
+  const auto html = to_html(r);
+  EXPECT_NE(html.find("<h1>gradscope report</h1><p>0 passed, 1 failed"), std::string::npos);
+  EXPECT_NE(html.find("id=\"mlp.bf16.h8i16.s1\""), std::string::npos);
+  EXPECT_NE(
+      html.find(
+          "<td "
+          "class=\"l\">layer0/mlp/gate_proj/lora_A.grad</td><td>0.5</td><td>0.25</td><td>2</td>"),
+      std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<pre>down_proj/output: err(prod) 3 &gt; limit &lt;1&gt;"),
+            std::string::npos);
+  EXPECT_NE(html.find("<title>err(prod) vs err(base)</title>"), std::string::npos);
+  EXPECT_NE(html.find("<title>5 elements with |prod - ref| in 1e-5 .. 1e-4.5</title>"),
+            std::string::npos)
+      << html;
+  // Offline: no scripts, no external resources.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href=\"http"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,219 @@
+#include "reports/html_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace gradscope::report {
+namespace {
+
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// Cosines of good results are 0.99999...: three digits would say 1.
+std::string cosine_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.7f", v);
+  return buf;
+}
+
+// err(prod) against err(base) of every ratio check, log-log, with the lines y = x and
+// y = 2x: a correct kernel sits near the first, the rule allows up to the second.
+std::string scatter_svg(const std::vector<const Check*>& checks) {
+  const double w = 420, h = 320, m = 46;
+  double lo = 0, hi = 0;
+  bool first = true;
+  for (const auto* c : checks) {
+    for (double v : {*c->baseline_max_abs, c->max_abs}) {
+      if (v <= 0) continue;
+      const double l = std::log10(v);
+      lo = first ? l : std::min(lo, l);
+      hi = first ? l : std::max(hi, l);
+      first = false;
+    }
+  }
+  if (first) return "";
+  lo = std::floor(lo - 0.2);
+  hi = std::ceil(hi + 0.5);
+  const auto X = [&](double v) { return m + (std::log10(v) - lo) / (hi - lo) * (w - 2 * m); };
+  const auto Y = [&](double v) { return h - m - (std::log10(v) - lo) / (hi - lo) * (h - 2 * m); };
+  std::ostringstream s;
+  s << "<svg class=\"plot\" width=\"" << w << "\" height=\"" << h << "\" viewBox=\"0 0 " << w << " "
+    << h
+    << "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\"><title>err(prod) vs err(base)</title>"
+    << "<rect x=\"" << m << "\" y=\"" << m << "\" width=\"" << w - 2 * m << "\" height=\""
+    << h - 2 * m << "\" fill=\"#fafafa\" stroke=\"#999\"/>";
+  for (int d = static_cast<int>(lo); d <= static_cast<int>(hi); ++d) {
+    const double v = std::pow(10.0, d);
+    s << "<text x=\"" << X(v) << "\" y=\"" << h - m + 16
+      << "\" font-size=\"10\" text-anchor=\"middle\">1e" << d << "</text><text x=\"" << m - 4
+      << "\" y=\"" << Y(v) + 3 << "\" font-size=\"10\" text-anchor=\"end\">1e" << d << "</text>";
+  }
+  const double a = std::pow(10.0, lo), b = std::pow(10.0, hi);
+  s << "<line x1=\"" << X(a) << "\" y1=\"" << Y(a) << "\" x2=\"" << X(b) << "\" y2=\"" << Y(b)
+    << "\" stroke=\"#4a4\" stroke-dasharray=\"4 3\"/>";
+  s << "<line x1=\"" << X(a) << "\" y1=\"" << Y(2 * a) << "\" x2=\"" << X(b / 2) << "\" y2=\""
+    << Y(b) << "\" stroke=\"#c44\" stroke-dasharray=\"2 2\"/>";
+  for (const auto* c : checks) {
+    if (*c->baseline_max_abs <= 0 || c->max_abs <= 0) continue;
+    s << "<circle cx=\"" << X(*c->baseline_max_abs) << "\" cy=\"" << Y(c->max_abs)
+      << "\" r=\"3.5\" fill=\"" << (c->passed ? "#2a6fdb" : "#d22")
+      << "\" fill-opacity=\"0.7\"><title>" << escape(c->path) << ": err(prod) " << num(c->max_abs)
+      << ", err(base) " << num(*c->baseline_max_abs) << "</title></circle>";
+  }
+  s << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
+    << "\" font-size=\"11\" text-anchor=\"middle\">err(base) = max |base - ref|</text>"
+    << "<text x=\"12\" y=\"" << h / 2
+    << "\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 " << h / 2
+    << ")\">err(prod) = max |prod - ref|</text>"
+    << "<text x=\"" << w - m << "\" y=\"" << m - 8
+    << "\" font-size=\"10\" text-anchor=\"end\">"
+       "<tspan fill=\"#4a4\">- - y = x</tspan>  <tspan fill=\"#c44\">··· y = 2x (ratio "
+       "limit)</tspan></text></svg>";
+  return s.str();
+}
+
+// The distribution of |prod - ref| over every element of the case's ratio checks.
+std::string histogram_svg(const std::vector<const Check*>& checks) {
+  std::vector<int64_t> counts(kErrorBins, 0);
+  for (const auto* c : checks) {
+    for (size_t i = 0; i < c->error_histogram.size() && i < counts.size(); ++i)
+      counts[i] += c->error_histogram[i];
+  }
+  const int64_t peak = *std::max_element(counts.begin(), counts.end());
+  if (peak == 0) return "";
+  const double w = 420, h = 320, m = 46, bw = (w - 2 * m) / kErrorBins;
+  std::ostringstream s;
+  s << "<svg class=\"plot\" width=\"" << w << "\" height=\"" << h << "\" viewBox=\"0 0 " << w << " "
+    << h
+    << "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\"><title>histogram of |prod - "
+       "ref|</title>"
+    << "<rect x=\"" << m << "\" y=\"" << m << "\" width=\"" << w - 2 * m << "\" height=\""
+    << h - 2 * m << "\" fill=\"#fafafa\" stroke=\"#999\"/>";
+  for (int i = 0; i < kErrorBins; ++i) {
+    const double bh =
+        counts[i] == 0 ? 0 : (h - 2 * m) * std::log10(1.0 + counts[i]) / std::log10(1.0 + peak);
+    s << "<rect x=\"" << m + i * bw + 1 << "\" y=\"" << h - m - bh << "\" width=\"" << bw - 2
+      << "\" height=\"" << bh << "\" fill=\"#2a6fdb\"><title>" << counts[i]
+      << " elements with |prod - ref| in 1e" << kErrorBinLow + i * kErrorBinStep << " .. 1e"
+      << kErrorBinLow + (i + 1) * kErrorBinStep << "</title></rect>";
+    if (i % 4 == 0) {
+      s << "<text x=\"" << m + i * bw << "\" y=\"" << h - m + 16
+        << "\" font-size=\"10\" text-anchor=\"middle\">1e" << kErrorBinLow + i * kErrorBinStep
+        << "</text>";
+    }
+  }
+  s << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
+    << "\" font-size=\"11\" text-anchor=\"middle\">|prod - ref| per element (log scale; bar height "
+       "log count)</text></svg>";
+  return s.str();
+}
+
+}  // namespace
+
+std::string to_html(const RunReport& report) {
+  std::ostringstream h;
+  const auto& env = report.environment;
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>gradscope "
+       "report</title><style>"
+       "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:"
+       "collapse;font-size:13px}"
+       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td.l,th.l{text-align:left}"
+       ".pass{color:#176b1b}.fail{color:#c00;font-weight:bold}pre{background:#fff3f3;padding:8px;"
+       "font-size:12px;"
+       "white-space:pre-wrap}section{margin:28px "
+       "0}.plots{display:flex;gap:16px;flex-wrap:wrap}</style></head><body>\n";
+  h << "<h1>gradscope report</h1><p>" << report.passed() << " passed, " << report.failed()
+    << " failed &middot; device " << escape(env.device)
+    << (env.gpu ? " (" + escape(*env.gpu) + ")" : "") << " &middot; torch " << escape(env.torch)
+    << (env.cuda ? " &middot; CUDA " + escape(*env.cuda) : "") << " &middot; "
+    << escape(env.compiler) << " &middot; gradscope " << escape(report.version) << " ("
+    << escape(env.commit) << ")</p>\n";
+  h << "<table><tr><th class=\"l\">case</th><th>status</th><th>checks</th><th>failed</th>"
+       "<th>max err(prod)/err(base)</th></tr>\n";
+  for (const auto& c : report.cases) {
+    double worst = 0;
+    int64_t failed = 0;
+    for (const auto& check : c.checks) {
+      failed += check.passed ? 0 : 1;
+      if (check.baseline_max_abs && *check.baseline_max_abs > 0)
+        worst = std::max(worst, check.max_abs / *check.baseline_max_abs);
+    }
+    h << "<tr><td class=\"l\"><a href=\"#" << escape(c.id) << "\">" << escape(c.id)
+      << "</a></td><td class=\"" << (c.passed() ? "pass\">pass" : "fail\">FAIL") << "</td><td>"
+      << c.checks.size() << "</td><td>" << failed << "</td><td>"
+      << (worst > 0 ? num(worst) : "&ndash;") << "</td></tr>\n";
+  }
+  h << "</table>\n";
+  for (const auto& c : report.cases) {
+    std::vector<const Check*> ratio_checks;
+    for (const auto& check : c.checks) {
+      if (check.baseline_max_abs) ratio_checks.push_back(&check);
+    }
+    h << "<section id=\"" << escape(c.id) << "\"><h2 class=\"" << (c.passed() ? "pass" : "fail")
+      << "\">" << escape(c.id)
+      << "</h2>\n<table><tr><th class=\"l\">tensor</th><th>err(prod)</th><th>err(base)</th>"
+      << "<th>ratio</th><th>limit</th><th>mean abs</th><th>rel. "
+         "Frobenius</th><th>cosine</th><th>status</th></tr>\n";
+    for (const auto& check : c.checks) {
+      const std::string name =
+          check.path.rfind(c.id + "/", 0) == 0 ? check.path.substr(c.id.size() + 1) : check.path;
+      const bool ratio = check.baseline_max_abs.has_value();
+      h << "<tr><td class=\"l\">" << escape(name) << "</td><td>" << num(check.max_abs)
+        << "</td><td>" << (ratio ? num(*check.baseline_max_abs) : "exact") << "</td><td>"
+        << (ratio && *check.baseline_max_abs > 0 ? num(check.max_abs / *check.baseline_max_abs)
+                                                 : "&ndash;")
+        << "</td><td>" << num(check.limit) << "</td><td>" << num(check.mean_abs) << "</td><td>"
+        << (check.rel_fro ? num(*check.rel_fro) : "&ndash;") << "</td><td>"
+        << (check.cosine ? cosine_text(*check.cosine) : "&ndash;") << "</td><td class=\""
+        << (check.passed ? "pass\">pass" : "fail\">FAIL") << "</td></tr>\n";
+    }
+    h << "</table>\n";
+    for (const auto& check : c.checks) {
+      if (!check.passed)
+        h << "<pre>" << escape(check.failure) << "\nreplay: " << escape(c.replay) << "</pre>\n";
+    }
+    if (!ratio_checks.empty()) {
+      h << "<div class=\"plots\">" << scatter_svg(ratio_checks) << histogram_svg(ratio_checks)
+        << "</div>\n";
+    }
+    if (!c.metrics.empty()) {
+      h << "<p>";
+      for (const auto& [name, value] : c.metrics)
+        h << escape(name) << " " << num(value) << " &middot; ";
+      h << "</p>\n";
+    }
+    h << "</section>\n";
+  }
+  h << "</body></html>\n";
+  return h.str();
+}
+
+}  // namespace gradscope::report
