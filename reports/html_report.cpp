@@ -5,31 +5,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "reports/markup_escape.h"
+
 namespace gradscope::report {
 namespace {
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string num(double v) {
   char buf[32];
@@ -85,8 +64,8 @@ std::string scatter_svg(const std::vector<const Check*>& checks) {
     if (*c->baseline_max_abs <= 0 || c->max_abs <= 0) continue;
     s << "<circle cx=\"" << X(*c->baseline_max_abs) << "\" cy=\"" << Y(c->max_abs)
       << "\" r=\"3.5\" fill=\"" << (c->passed ? "#2a6fdb" : "#d22")
-      << "\" fill-opacity=\"0.7\"><title>" << escape(c->path) << ": err(prod) " << num(c->max_abs)
-      << ", err(base) " << num(*c->baseline_max_abs) << "</title></circle>";
+      << "\" fill-opacity=\"0.7\"><title>" << escape_markup(c->path) << ": err(prod) "
+      << num(c->max_abs) << ", err(base) " << num(*c->baseline_max_abs) << "</title></circle>";
   }
   s << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
     << "\" font-size=\"11\" text-anchor=\"middle\">err(base) = max |base - ref|</text>"
@@ -151,11 +130,11 @@ std::string to_html(const RunReport& report) {
        "white-space:pre-wrap}section{margin:28px "
        "0}.plots{display:flex;gap:16px;flex-wrap:wrap}</style></head><body>\n";
   h << "<h1>gradscope report</h1><p>" << report.passed() << " passed, " << report.failed()
-    << " failed &middot; device " << escape(env.device)
-    << (env.gpu ? " (" + escape(*env.gpu) + ")" : "") << " &middot; torch " << escape(env.torch)
-    << (env.cuda ? " &middot; CUDA " + escape(*env.cuda) : "") << " &middot; "
-    << escape(env.compiler) << " &middot; gradscope " << escape(report.version) << " ("
-    << escape(env.commit) << ")</p>\n";
+    << " failed &middot; device " << escape_markup(env.device)
+    << (env.gpu ? " (" + escape_markup(*env.gpu) + ")" : "") << " &middot; torch "
+    << escape_markup(env.torch) << (env.cuda ? " &middot; CUDA " + escape_markup(*env.cuda) : "")
+    << " &middot; " << escape_markup(env.compiler) << " &middot; gradscope "
+    << escape_markup(report.version) << " (" << escape_markup(env.commit) << ")</p>\n";
   h << "<table><tr><th class=\"l\">case</th><th>status</th><th>checks</th><th>failed</th>"
        "<th>max err(prod)/err(base)</th></tr>\n";
   for (const auto& c : report.cases) {
@@ -166,7 +145,7 @@ std::string to_html(const RunReport& report) {
       if (check.baseline_max_abs && *check.baseline_max_abs > 0)
         worst = std::max(worst, check.max_abs / *check.baseline_max_abs);
     }
-    h << "<tr><td class=\"l\"><a href=\"#" << escape(c.id) << "\">" << escape(c.id)
+    h << "<tr><td class=\"l\"><a href=\"#" << escape_markup(c.id) << "\">" << escape_markup(c.id)
       << "</a></td><td class=\"" << (c.passed() ? "pass\">pass" : "fail\">FAIL") << "</td><td>"
       << c.checks.size() << "</td><td>" << failed << "</td><td>"
       << (worst > 0 ? num(worst) : "&ndash;") << "</td></tr>\n";
@@ -177,8 +156,8 @@ std::string to_html(const RunReport& report) {
     for (const auto& check : c.checks) {
       if (check.baseline_max_abs) ratio_checks.push_back(&check);
     }
-    h << "<section id=\"" << escape(c.id) << "\"><h2 class=\"" << (c.passed() ? "pass" : "fail")
-      << "\">" << escape(c.id)
+    h << "<section id=\"" << escape_markup(c.id) << "\"><h2 class=\""
+      << (c.passed() ? "pass" : "fail") << "\">" << escape_markup(c.id)
       << "</h2>\n<table><tr><th class=\"l\">tensor</th><th>err(prod)</th><th>err(base)</th>"
       << "<th>ratio</th><th>limit</th><th>mean abs</th><th>rel. "
          "Frobenius</th><th>cosine</th><th>status</th></tr>\n";
@@ -186,7 +165,7 @@ std::string to_html(const RunReport& report) {
       const std::string name =
           check.path.rfind(c.id + "/", 0) == 0 ? check.path.substr(c.id.size() + 1) : check.path;
       const bool ratio = check.baseline_max_abs.has_value();
-      h << "<tr><td class=\"l\">" << escape(name) << "</td><td>" << num(check.max_abs)
+      h << "<tr><td class=\"l\">" << escape_markup(name) << "</td><td>" << num(check.max_abs)
         << "</td><td>" << (ratio ? num(*check.baseline_max_abs) : "exact") << "</td><td>"
         << (ratio && *check.baseline_max_abs > 0 ? num(check.max_abs / *check.baseline_max_abs)
                                                  : "&ndash;")
@@ -198,7 +177,8 @@ std::string to_html(const RunReport& report) {
     h << "</table>\n";
     for (const auto& check : c.checks) {
       if (!check.passed)
-        h << "<pre>" << escape(check.failure) << "\nreplay: " << escape(c.replay) << "</pre>\n";
+        h << "<pre>" << escape_markup(check.failure) << "\nreplay: " << escape_markup(c.replay)
+          << "</pre>\n";
     }
     if (!ratio_checks.empty()) {
       h << "<div class=\"plots\">" << scatter_svg(ratio_checks) << histogram_svg(ratio_checks)
@@ -207,7 +187,7 @@ std::string to_html(const RunReport& report) {
     if (!c.metrics.empty()) {
       h << "<p>";
       for (const auto& [name, value] : c.metrics)
-        h << escape(name) << " " << num(value) << " &middot; ";
+        h << escape_markup(name) << " " << num(value) << " &middot; ";
       h << "</p>\n";
     }
     h << "</section>\n";

@@ -2,38 +2,9 @@
 
 #include <sstream>
 
+#include "reports/markup_escape.h"
+
 namespace gradscope::report {
-namespace {
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        // XML 1.0 forbids most control characters; keep tab, newline, carriage return.
-        if (static_cast<unsigned char>(c) >= 0x20 || c == '\t' || c == '\n' || c == '\r') out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::string to_junit_xml(const RunReport& report) {
   int64_t tests = 0, failures = 0;
   for (const auto& c : report.cases) {
@@ -48,25 +19,26 @@ std::string to_junit_xml(const RunReport& report) {
   for (const auto& c : report.cases) {
     int64_t case_failures = c.checks.empty() ? 1 : 0;
     for (const auto& check : c.checks) case_failures += check.passed ? 0 : 1;
-    x << "  <testsuite name=\"" << escape(c.id) << "\" tests=\""
+    x << "  <testsuite name=\"" << escape_markup(c.id) << "\" tests=\""
       << std::max<size_t>(1, c.checks.size()) << "\" failures=\"" << case_failures
       << "\" errors=\"0\" skipped=\"0\" time=\"" << c.seconds << "\">\n";
     if (c.checks.empty()) {
-      x << "    <testcase classname=\"" << escape(c.id) << "\" name=\"checks\" time=\"0\">\n"
+      x << "    <testcase classname=\"" << escape_markup(c.id) << "\" name=\"checks\" time=\"0\">\n"
         << "      <failure message=\"no checks ran\" type=\"gradscope\"/>\n    </testcase>\n";
     }
     for (const auto& check : c.checks) {
       const std::string name =
           check.path.rfind(c.id + "/", 0) == 0 ? check.path.substr(c.id.size() + 1) : check.path;
-      x << "    <testcase classname=\"" << escape(c.id) << "\" name=\"" << escape(name)
-        << "\" time=\"0\"";
+      x << "    <testcase classname=\"" << escape_markup(c.id) << "\" name=\""
+        << escape_markup(name) << "\" time=\"0\"";
       if (check.passed) {
         x << "/>\n";
         continue;
       }
       const std::string first_line = check.failure.substr(0, check.failure.find('\n'));
-      x << ">\n      <failure message=\"" << escape(first_line) << "\" type=\"gradscope\">"
-        << escape(check.failure + "\nreplay: " + c.replay) << "</failure>\n    </testcase>\n";
+      x << ">\n      <failure message=\"" << escape_markup(first_line) << "\" type=\"gradscope\">"
+        << escape_markup(check.failure + "\nreplay: " + c.replay)
+        << "</failure>\n    </testcase>\n";
     }
     x << "  </testsuite>\n";
   }

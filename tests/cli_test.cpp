@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli_capture.h"
 #include "harness/cli.h"
 #include "harness/environment.h"
 #include "harness/file_system.h"
@@ -14,17 +15,7 @@ namespace {
 
 using testing::TempDir;
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
-
-CliResult cli(const std::vector<std::string>& args) {
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = run_cli(args);
-  return {code, ::testing::internal::GetCapturedStdout(), ::testing::internal::GetCapturedStderr()};
-}
+const auto cli = testing::run_captured;
 
 const char* kSmallCases = R"(kind = "dequant"
 in_features = 64

@@ -2,6 +2,7 @@
 // switch makes the run fail naming the tensor the fault corrupts.
 #include <gtest/gtest.h>
 
+#include "cli_capture.h"
 #include "gradscope/faults.h"
 #include "harness/cli.h"
 #include "test_files.h"
@@ -23,16 +24,7 @@ dtype = "fp16"
 dropout = 0.1
 )";
 
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run(const std::vector<std::string>& args) {
-  ::testing::internal::CaptureStdout();
-  const int code = run_cli(args);
-  return {code, ::testing::internal::GetCapturedStdout()};
-}
+const auto run = testing::run_captured;
 
 TEST(LoraRunners, CleanKernelsPass) {
   testing::TempDir dir;

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "cli_capture.h"
 #include "gradscope/faults.h"
 #include "harness/cli.h"
 #include "harness/file_system.h"
@@ -20,17 +21,7 @@ dtype = "bf16"
 dropout = 0.1
 )";
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-Run cli(const std::vector<std::string>& args) {
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = run_cli(args);
-  return {code, ::testing::internal::GetCapturedStdout(), ::testing::internal::GetCapturedStderr()};
-}
+const auto cli = testing::run_captured;
 
 std::string bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
