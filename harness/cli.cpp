@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "gradscope/dequant.h"
+#include "gradscope/faults.h"
 #include "harness/case_runner.h"
 #include "harness/case_spec.h"
 #include "harness/environment.h"
@@ -147,7 +149,7 @@ void check_output_path(const std::string& path, const char* flag) {
 }
 
 struct RunOutputs {
-  std::string json, dump, junit, html, against;
+  std::string json, dump, junit, html, against, inject;
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false;
 };
@@ -164,6 +166,10 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
     throw InputError("--against-factor must be at least 1, got " +
                      std::to_string(o.against_factor));
   }
+  const FaultInfo* fault = nullptr;
+  if (!o.inject.empty() && !(fault = find_fault(o.inject))) {
+    throw InputError("--inject " + o.inject + ": no such fault (gradscope faults lists them)");
+  }
   const auto selected = select_cases(sel);
   bool any_cuda = false;
   for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
@@ -178,6 +184,10 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");
   const report::ConsoleOptions console{o.quiet};
   const RunOptions options{!o.dump.empty()};
+  // The production code runs as the faulty variant for this run only.
+  std::optional<ScopedFault> injected;
+  if (fault) injected.emplace(fault->fault);
+  if (fault) std::cout << "injected fault: " << fault->name << " (" << fault->breaks << ")\n";
   // A progress line on long runs, only where a person watches (stderr is a terminal).
   const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
@@ -205,6 +215,13 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
+}
+
+int command_faults() {
+  for (const auto& f : fault_catalogue()) {
+    std::printf("%-32s %-40s %s; caught at %s\n", f.name, f.where, f.breaks, f.caught_at);
+  }
+  return 0;
 }
 
 int command_show(const std::string& file, const std::string& path) {
@@ -264,6 +281,9 @@ int run_cli(int argc, const char* const* argv) {
   run->add_option("--against-factor", outputs.against_factor,
                   "growth of err(prod)/err(base) that counts as a regression (default 1.25)");
   run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
+  run->add_option("--inject", outputs.inject,
+                  "run the production code as the named faulty variant (see gradscope faults)");
+  auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
   std::string show_file, show_path;
@@ -295,6 +315,7 @@ int run_cli(int argc, const char* const* argv) {
   try {
     if (run->parsed()) return command_run(run_sel, outputs, program);
     if (show->parsed()) return command_show(show_file, show_path);
+    if (faults->parsed()) return command_faults();
     if (diff->parsed()) return command_diff(diff_a, diff_b, diff_options, diff_json);
     return command_list(list_sel);
   } catch (const InputError& e) {

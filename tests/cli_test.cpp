@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -140,6 +141,33 @@ TEST(Cli, SmokeSuiteListsEveryRequiredCombination) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace gradscope
+
+namespace gradscope {
+namespace {
+
+TEST(CliFaults, ListsTheCatalogueAndRejectsUnknownNames) {
+  const auto list = testing::run_captured({"faults"});
+  ASSERT_EQ(list.code, 0);
+  EXPECT_GE(std::count(list.out.begin(), list.out.end(), '\n'), 12);
+  EXPECT_NE(list.out.find("3bit-straddle-high-bits-dropped"), std::string::npos);
+  const auto bad = testing::run_captured({"run", "--inject", "no-such-fault"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--inject no-such-fault: no such fault"), std::string::npos) << bad.err;
+}
+
+TEST(CliFaults, InjectionLastsForTheRunOnly) {
+  ::gradscope::testing::TempDir dir;
+  const auto c = dir.write("c.toml", "kind = \"dequant\"\nin_features = 64\nout_features = 32\n");
+  const auto faulty =
+      testing::run_captured({"run", c, "--inject", "scales-wrong-column", "--quiet"});
+  EXPECT_EQ(faulty.code, 1);
+  EXPECT_NE(faulty.out.find("injected fault: scales-wrong-column"), std::string::npos);
+  EXPECT_NE(faulty.out.find("/gptq/weight: not bit-exact"), std::string::npos) << faulty.out;
+  EXPECT_EQ(testing::run_captured({"run", c, "--quiet"}).code, 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "dequant_impl.h"
+#include "gradscope/faults.h"
 
 namespace gradscope {
 
@@ -11,14 +12,18 @@ at::Tensor dequantize_gptq(const GptqWeight& weight, at::ScalarType out_dtype,
   validate_gptq_weight(weight);
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16,
               "gptq dequant: output dtype must be float32, float16 or bfloat16, got ", out_dtype);
-  detail::DequantInputs in{as_packed_words(weight.qweight, "qweight").contiguous(),
-                           as_packed_words(weight.qzeros, "qzeros").contiguous(),
-                           weight.scales.contiguous(),
-                           weight.g_idx.contiguous(),
-                           weight.bits,
-                           weight.format == ZeroPointFormat::kGptqV1 ? 1 : 0,
-                           weight.in_features(),
-                           weight.out_features()};
+  detail::DequantInputs in{
+      as_packed_words(weight.qweight, "qweight").contiguous(),
+      as_packed_words(weight.qzeros, "qzeros").contiguous(),
+      weight.scales.contiguous(),
+      weight.g_idx.contiguous(),
+      weight.bits,
+      weight.format == ZeroPointFormat::kGptqV1 ? 1 : 0,
+      weight.in_features(),
+      weight.out_features(),
+      active_fault() < Fault::kFirstLoraFault && active_fault() != Fault::kFloatViewCast
+          ? static_cast<int>(active_fault())
+          : 0};
   if (in.qweight.is_cuda()) return detail::dequantize_gptq_cuda(in, out_dtype, layout);
   TORCH_CHECK(in.qweight.is_cpu(), "gptq dequant: unsupported device ", in.qweight.device());
   return detail::dequantize_gptq_cpu(in, out_dtype, layout);

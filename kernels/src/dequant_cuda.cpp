@@ -42,7 +42,9 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
                            in.zero_offset,
                            element_type(in.scales.scalar_type()),
                            element_type(out_dtype),
-                           layout == DequantLayout::kOutIn};
+                           layout == DequantLayout::kOutIn,
+                           in.scales.size(0),
+                           in.fault};
   const cudaError_t err = cuda::launch_dequant_gptq(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "gptq dequant: CUDA launch failed for [", K, ", ", N, "] at ",
               in.bits, " bits: ", cudaGetErrorString(err));

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "dequant_cuda_launch.h"
+#include "dequant_fault_modes.h"
 #include "packed_bits.h"
 
 namespace gradscope::cuda {
@@ -40,7 +41,8 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
                                     const uint32_t* __restrict__ qzeros,
                                     const Scale* __restrict__ scales,
                                     const int32_t* __restrict__ g_idx, Out* __restrict__ out,
-                                    int64_t K, int64_t N, int zero_offset, bool out_in_layout) {
+                                    int64_t K, int64_t N, int64_t G, bool v1, bool out_in_layout,
+                                    int fault) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
   if (n >= N) return;
@@ -54,20 +56,22 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
   const int64_t zero_words = N * kBits / 32;
   const auto zero_pos = packed_bits::locate(n, kBits);
   const bool zero_two = packed_bits::straddles(zero_pos.shift, kBits);
+  const int zero_offset = dequant_faults::zero_offset(v1, fault);
+  const int64_t scale_n = dequant_faults::scale_column(n, N, fault);
 #pragma unroll
   for (int j = 0; j < kRowsPerBlock; ++j) {
     const int64_t k = row0 + j;
     if (k >= K) break;
-    const int bit = j * kBits;
-    const uint32_t code =
-        packed_bits::read_field(words[bit >> 5], words[(bit >> 5) + 1], bit & 31, kBits);
-    const int64_t g = g_idx[k];
+    const int bit = (j * kBits & ~31) + dequant_faults::shift(j * kBits & 31, fault);
+    const uint32_t high = dequant_faults::keep_high_word(fault) ? words[(bit >> 5) + 1] : 0u;
+    const uint32_t code = packed_bits::read_field(words[bit >> 5], high, bit & 31, kBits);
+    const int64_t g = dequant_faults::group(k, K, G, g_idx, fault);
     const uint32_t* zrow = qzeros + g * zero_words;
     const uint32_t zero_field = packed_bits::read_field(
         zrow[zero_pos.word], zero_two ? zrow[zero_pos.word + 1] : 0u, zero_pos.shift, kBits);
     const int zero = static_cast<int>(zero_field) + zero_offset;
     const float value =
-        to_float(scales[g * N + n]) * static_cast<float>(static_cast<int>(code) - zero);
+        to_float(scales[g * N + scale_n]) * static_cast<float>(static_cast<int>(code) - zero);
     out[out_in_layout ? n * K + k : k * N + n] = from_float<Out>(value);
   }
 }
@@ -78,7 +82,7 @@ void launch_typed(const DequantLaunch& a, cudaStream_t stream) {
                   static_cast<unsigned>((a.in_features + kRowsPerBlock - 1) / kRowsPerBlock));
   dequant_gptq_kernel<kBits, Out, Scale><<<grid, kThreads, 0, stream>>>(
       a.qweight, a.qzeros, static_cast<const Scale*>(a.scales), a.g_idx, static_cast<Out*>(a.out),
-      a.in_features, a.out_features, a.zero_offset, a.out_in_layout);
+      a.in_features, a.out_features, a.groups, a.zero_offset == 1, a.out_in_layout, a.fault);
 }
 
 template <int kBits, typename Out>

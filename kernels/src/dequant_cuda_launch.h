@@ -23,6 +23,8 @@ struct DequantLaunch {
   ElementType scale_type;
   ElementType out_type;
   bool out_in_layout;  // write W [N, K] instead of W^T [K, N]
+  int64_t groups;      // G, rows of scales
+  int fault;           // dequant_faults::Mode (0: the correct decoder)
 };
 
 cudaError_t launch_dequant_gptq(const DequantLaunch& args, cudaStream_t stream);

@@ -17,6 +17,7 @@ struct DequantInputs {
   int zero_offset;  // 1 for v1 ("gptq"), 0 for v2
   int64_t in_features;
   int64_t out_features;
+  int fault;  // dequant_faults::Mode; kNone unless a fault is injected
 };
 
 at::Tensor dequantize_gptq_cpu(const DequantInputs& in, at::ScalarType out_dtype,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "gradscope/faults.h"
 #include "packed_bits.h"
 
 namespace gradscope {
@@ -236,8 +237,14 @@ GptqWeight pack_gptq(const QuantizedWeight& q, int bits, ZeroPointFormat format,
   return w;
 }
 
-at::Tensor as_packed_words(const at::Tensor& words, const char* name) {
-  TORCH_CHECK(words.defined(), "gptq: ", name, " is undefined");
+at::Tensor as_packed_words(const at::Tensor& words_in, const char* name) {
+  TORCH_CHECK(words_in.defined(), "gptq: ", name, " is undefined");
+  at::Tensor words = words_in;
+  if (fault_active(Fault::kFloatViewCast) && at::isFloatingType(words.scalar_type())) {
+    // A mixed-precision policy casting the parameter storage and back.
+    const auto other = words.scalar_type() == at::kBFloat16 ? at::kHalf : at::kBFloat16;
+    words = words.to(other).to(words.scalar_type());
+  }
   switch (words.scalar_type()) {
     case at::kInt:
       return words;

@@ -46,17 +46,17 @@ struct LoraMlpFunction : torch::autograd::Function<LoraMlpFunction> {
     const auto dropout_h = detail::load_dropout(ctx, "h");
     const auto dy2 = detail::rows(grad_outputs[0]).to(x.scalar_type());
     const auto h = swiglu_forward(e, g);  // recomputed: cheaper than keeping it
-    auto down = detail::projection_backward(dy2, detail::dropped(h, dropout_h), s[11],
+    auto down = detail::projection_backward(dy2, h, detail::dropped(h, dropout_h), s[11],
                                             detail::load_frozen(ctx, "down"), s[5], s[6], dropout_h,
                                             /*need_dx=*/true);
     const auto [de, dg] = swiglu_backward(down.dx, e, g);
     const auto x2 = detail::rows(x);
     const auto xd = detail::dropped(x2, dropout_x);
     const bool need_dx = ctx->needs_input_grad(0);
-    auto up = detail::projection_backward(dg, xd, s[10], detail::load_frozen(ctx, "up"), s[3], s[4],
-                                          dropout_x, need_dx);
-    auto gate = detail::projection_backward(de, xd, s[9], detail::load_frozen(ctx, "gate"), s[1],
-                                            s[2], dropout_x, need_dx);
+    auto up = detail::projection_backward(dg, x2, xd, s[10], detail::load_frozen(ctx, "up"), s[3],
+                                          s[4], dropout_x, need_dx);
+    auto gate = detail::projection_backward(de, x2, xd, s[9], detail::load_frozen(ctx, "gate"),
+                                            s[1], s[2], dropout_x, need_dx);
     at::Tensor dx = need_dx ? up.dx.add_(gate.dx).view(x.sizes()) : at::Tensor();
     return {dx,      gate.dA, gate.dB,      up.dA,        up.dB,
             down.dA, down.dB, at::Tensor(), at::Tensor(), at::Tensor()};

@@ -126,10 +126,11 @@ ProjectionOutput projection_forward(const at::Tensor& x2, const at::Tensor& xd,
   return {y, xa};
 }
 
-ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& xd,
-                                    const at::Tensor& xa, const FrozenProjection& f,
-                                    const at::Tensor& lora_a, const at::Tensor& lora_b,
-                                    const LoraDropout& dropout, bool need_dx) {
+ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
+                                    const at::Tensor& xd, const at::Tensor& xa,
+                                    const FrozenProjection& f, const at::Tensor& lora_a,
+                                    const at::Tensor& lora_b, const LoraDropout& dropout,
+                                    bool need_dx) {
   const auto dtype = dy2.scalar_type();
   const auto a = lora_a.to(dtype), b = lora_b.to(dtype);
   const auto dyb = at::mm(dy2, b);  // [M, r]
@@ -141,18 +142,27 @@ ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& xd,
     }
     const bool rescale = !fault_active(Fault::kDropoutRescaleMissing);
     const double factor = f.scaling / (dropout.p > 0 && rescale ? 1.0 - dropout.p : 1.0);
-    if (dropout.p > 0) {
+    const bool adapter_term = !fault_active(Fault::kDxMissingAdapterTerm);
+    if (adapter_term && dropout.p > 0) {
       // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
       g.dx.addcmul_(at::mm(dyb, a), dropout.mask.reshape(g.dx.sizes()).to(dtype), factor);
-    } else {
+    } else if (adapter_term) {
       g.dx.addmm_(dyb, a, /*beta=*/1, /*alpha=*/factor);
     }
   }
   const double da_scale = fault_active(Fault::kLoraScaleMissingInDA) ? 1.0 : f.scaling;
-  // beta = 0: the first operand is ignored; alpha scales inside the GEMM.
-  g.dA = at::addmm(at::empty({dyb.size(1), xd.size(1)}, dyb.options()), dyb.t(), xd, /*beta=*/0,
-                   /*alpha=*/da_scale)
-             .to(lora_a.scalar_type());
+  const auto& da_input = fault_active(Fault::kDAFromUndroppedX) ? x2 : xd;
+  if (fault_active(Fault::kHalfPrecisionAccumulation)) {
+    // Token by token, every partial sum rounded to the activation dtype.
+    auto acc = at::zeros({dyb.size(1), xd.size(1)}, dyb.options());
+    for (int64_t t = 0; t < dyb.size(0); ++t) acc.addr_(dyb[t], da_input[t], 1, da_scale);
+    g.dA = acc.to(lora_a.scalar_type());
+  } else {
+    // beta = 0: the first operand is ignored; alpha scales inside the GEMM.
+    g.dA = at::addmm(at::empty({dyb.size(1), xd.size(1)}, dyb.options()), dyb.t(), da_input,
+                     /*beta=*/0, /*alpha=*/da_scale)
+               .to(lora_a.scalar_type());
+  }
   g.dB = at::addmm(at::empty({dy2.size(1), xa.size(1)}, dy2.options()), dy2.t(), xa, /*beta=*/0,
                    /*alpha=*/f.scaling)
              .to(lora_b.scalar_type());

@@ -49,10 +49,12 @@ struct ProjectionGrads {
   at::Tensor dA;  // s (dY B)^T X_d, in lora_A's dtype
   at::Tensor dB;  // s dY^T (X_d A^T), in lora_B's dtype
 };
-// Backward of projection_forward for dY [M, out]; re-dequantizes W.
-ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& xd,
-                                    const at::Tensor& xa, const FrozenProjection& frozen,
-                                    const at::Tensor& lora_a, const at::Tensor& lora_b,
-                                    const LoraDropout& dropout, bool need_dx);
+// Backward of projection_forward for dY [M, out]; re-dequantizes W. x2 is the adapter's
+// input before dropout, xd after.
+ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
+                                    const at::Tensor& xd, const at::Tensor& xa,
+                                    const FrozenProjection& frozen, const at::Tensor& lora_a,
+                                    const at::Tensor& lora_b, const LoraDropout& dropout,
+                                    bool need_dx);
 
 }  // namespace gradscope::detail

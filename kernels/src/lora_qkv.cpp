@@ -50,9 +50,9 @@ struct LoraQkvFunction : torch::autograd::Function<LoraQkvFunction> {
       const auto& lora_a = saved[1 + 2 * i];
       const auto& lora_b = saved[2 + 2 * i];
       const auto dy2 = detail::rows(grad_outputs[i]).to(x.scalar_type());
-      auto g =
-          detail::projection_backward(dy2, xd, saved[7 + i], detail::load_frozen(ctx, kNames[i]),
-                                      lora_a, lora_b, dropout, need_dx);
+      auto g = detail::projection_backward(dy2, x2, xd, saved[7 + i],
+                                           detail::load_frozen(ctx, kNames[i]), lora_a, lora_b,
+                                           dropout, need_dx);
       if (need_dx) dx = dx.defined() ? dx.add_(g.dx) : g.dx;
       grads[1 + 2 * i] = g.dA;
       grads[2 + 2 * i] = g.dB;

@@ -31,7 +31,7 @@ struct LoraWFunction : torch::autograd::Function<LoraWFunction> {
     const auto dropout = detail::load_dropout(ctx, "x");
     const auto x2 = detail::rows(x);
     const auto dy2 = detail::rows(grad_outputs[0]).to(x.scalar_type());
-    auto g = detail::projection_backward(dy2, detail::dropped(x2, dropout), saved[3],
+    auto g = detail::projection_backward(dy2, x2, detail::dropped(x2, dropout), saved[3],
                                          detail::load_frozen(ctx, "w"), saved[1], saved[2], dropout,
                                          ctx->needs_input_grad(0));
     return {g.dx.defined() ? g.dx.view(x.sizes()) : at::Tensor(), g.dA, g.dB, at::Tensor(),

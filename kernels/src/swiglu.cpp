@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "gradscope/faults.h"
 #include "swiglu_math.h"
 
 #ifdef GRADSCOPE_WITH_CUDA
@@ -45,11 +46,11 @@ void forward_cpu(const T* e, const T* g, T* h, int64_t n) {
 }
 
 template <typename T>
-void backward_cpu(const T* dh, const T* e, const T* g, T* de, T* dg, int64_t n) {
+void backward_cpu(const T* dh, const T* e, const T* g, T* de, T* dg, int64_t n, bool full) {
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto grad = swiglu_math::backward(static_cast<float>(dh[i]), static_cast<float>(e[i]),
-                                              static_cast<float>(g[i]));
+                                              static_cast<float>(g[i]), full);
       de[i] = static_cast<T>(grad.de);
       dg[i] = static_cast<T>(grad.dg);
     }
@@ -90,12 +91,13 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in, const
   check_dtype(e_in);
   const auto dh = dh_in.contiguous(), e = e_in.contiguous(), g = g_in.contiguous();
   auto de = at::empty_like(e), dg = at::empty_like(e);
+  const bool full = !fault_active(Fault::kSwigluDerivativeMissingTerm);
   if (e.is_cuda()) {
 #ifdef GRADSCOPE_WITH_CUDA
     const c10::cuda::CUDAGuard guard(e.device());
     const auto err = cuda::launch_swiglu_backward(
         dh.data_ptr(), e.data_ptr(), g.data_ptr(), de.data_ptr(), dg.data_ptr(), e.numel(),
-        detail::element_type(e.scalar_type()), c10::cuda::getCurrentCUDAStream());
+        detail::element_type(e.scalar_type()), full, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess,
                 "swiglu backward: CUDA launch failed: ", cudaGetErrorString(err));
     return {de, dg};
@@ -107,7 +109,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in, const
       at::kHalf, at::kBFloat16, e.scalar_type(), "swiglu_backward", [&] {
         backward_cpu<scalar_t>(dh.data_ptr<scalar_t>(), e.data_ptr<scalar_t>(),
                                g.data_ptr<scalar_t>(), de.data_ptr<scalar_t>(),
-                               dg.data_ptr<scalar_t>(), e.numel());
+                               dg.data_ptr<scalar_t>(), e.numel(), full);
       });
   return {de, dg};
 }

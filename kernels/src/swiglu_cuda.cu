@@ -50,10 +50,10 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ e, const T* __restri
 template <typename T>
 __global__ void swiglu_backward_kernel(const T* __restrict__ dh, const T* __restrict__ e,
                                        const T* __restrict__ g, T* __restrict__ de,
-                                       T* __restrict__ dg, int64_t n) {
+                                       T* __restrict__ dg, int64_t n, bool full_derivative) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const auto grad = swiglu_math::backward(load(dh, i), load(e, i), load(g, i));
+    const auto grad = swiglu_math::backward(load(dh, i), load(e, i), load(g, i), full_derivative);
     store(de, i, grad.de);
     store(dg, i, grad.dg);
   }
@@ -72,10 +72,10 @@ void forward_typed(const void* e, const void* g, void* h, int64_t n, cudaStream_
 
 template <typename T>
 void backward_typed(const void* dh, const void* e, const void* g, void* de, void* dg, int64_t n,
-                    cudaStream_t s) {
+                    bool full, cudaStream_t s) {
   swiglu_backward_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(
       static_cast<const T*>(dh), static_cast<const T*>(e), static_cast<const T*>(g),
-      static_cast<T*>(de), static_cast<T*>(dg), n);
+      static_cast<T*>(de), static_cast<T*>(dg), n, full);
 }
 
 }  // namespace
@@ -98,17 +98,18 @@ cudaError_t launch_swiglu_forward(const void* e, const void* g, void* h, int64_t
 }
 
 cudaError_t launch_swiglu_backward(const void* dh, const void* e, const void* g, void* de, void* dg,
-                                   int64_t n, ElementType type, cudaStream_t stream) {
+                                   int64_t n, ElementType type, bool full_derivative,
+                                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   switch (type) {
     case ElementType::kFloat32:
-      backward_typed<float>(dh, e, g, de, dg, n, stream);
+      backward_typed<float>(dh, e, g, de, dg, n, full_derivative, stream);
       break;
     case ElementType::kFloat16:
-      backward_typed<__half>(dh, e, g, de, dg, n, stream);
+      backward_typed<__half>(dh, e, g, de, dg, n, full_derivative, stream);
       break;
     case ElementType::kBFloat16:
-      backward_typed<__nv_bfloat16>(dh, e, g, de, dg, n, stream);
+      backward_typed<__nv_bfloat16>(dh, e, g, de, dg, n, full_derivative, stream);
       break;
   }
   return cudaGetLastError();

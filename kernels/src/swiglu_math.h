@@ -17,9 +17,10 @@ struct Grad {
 };
 
 // d/de [silu(e) g] = g * sigmoid(e) * (1 + e * (1 - sigmoid(e))); d/dg = silu(e).
-GRADSCOPE_HOST_DEVICE Grad backward(float dh, float e, float g) {
+// `full_derivative` false drops the e (1 - sigmoid(e)) term (an injected fault).
+GRADSCOPE_HOST_DEVICE Grad backward(float dh, float e, float g, bool full_derivative = true) {
   const float s = sigmoid(e);
-  return {dh * g * s * (1.0f + e * (1.0f - s)), dh * e * s};
+  return {dh * g * s * (full_derivative ? 1.0f + e * (1.0f - s) : 1.0f), dh * e * s};
 }
 
 }  // namespace gradscope::swiglu_math

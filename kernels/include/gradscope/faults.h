@@ -8,20 +8,38 @@
 
 namespace gradscope {
 
+// Values below kFirstLoraFault are dequantization faults; the CUDA kernel receives them
+// as an int, so their numbers are part of the launch interface.
 enum class Fault {
-  kNone,
-  kDropoutRescaleMissing,  // adapter dX multiplied by the mask but not by 1 / (1 - p)
-  kLoraScaleMissingInDA,   // dA computed without the LoRA scaling s
+  kNone = 0,
+  kUnpackShiftOffByOne,      // every code read one bit too high
+  kV1ZeroOffsetMissing,      // v1 ("gptq") zero = stored field, the +1 forgotten
+  kV1ZeroOffsetTwice,        // v1 zero = stored field + 2
+  kGIdxIgnored,              // groups assumed contiguous: g = k * G / K, not g_idx[k]
+  kGroupBoundaryOffByOne,    // row k takes the group of row k + 1
+  kStraddleHighBitsDropped,  // 3-bit codes 10 and 21 lose the bits in the next word
+  kScalesWrongColumn,        // column n scaled by column n + 1's scale
+  kFloatViewCast,            // FSDP float view of the words numerically cast and back
+  kFirstLoraFault,
+  kDropoutRescaleMissing = kFirstLoraFault,  // adapter dX masked but not scaled by 1/(1-p)
+  kLoraScaleMissingInDA,                     // dA computed without the LoRA scaling s
+  kDAFromUndroppedX,                         // dA from X instead of the dropped X_d
+  kDxMissingAdapterTerm,                     // dX = dY W only
+  kSwigluDerivativeMissingTerm,  // d silu/de = sigmoid(e), the e (1 - sigmoid(e)) term lost
+  kHalfPrecisionAccumulation,    // dA accumulated token by token in the activation dtype
 };
 
 struct FaultInfo {
   Fault fault;
   const char* name;
   const char* where;
-  const char* breaks;
+  const char* breaks;     // what the fault corrupts, in words
+  const char* caught_at;  // the check path (substring) a suite must fail on
 };
 
 const std::vector<FaultInfo>& fault_catalogue();
+// nullptr for an unknown name.
+const FaultInfo* find_fault(const std::string& name);
 void set_active_fault(Fault fault);
 Fault active_fault();
 inline bool fault_active(Fault fault) {
