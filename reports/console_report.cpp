@@ -8,12 +8,6 @@
 namespace gradscope::report {
 namespace {
 
-std::string format_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
-}
-
 // One row per projection x tensor: the ratio rule's inputs and verdict.
 void print_ratio_table(std::ostream& out, const CaseResult& r) {
   char line[512];

@@ -10,12 +10,6 @@
 namespace gradscope::report {
 namespace {
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
-}
-
 // Cosines of good results are 0.99999...: three digits would say 1.
 std::string cosine_text(double v) {
   char buf[32];
@@ -65,7 +59,8 @@ std::string scatter_svg(const std::vector<const Check*>& checks) {
     s << "<circle cx=\"" << X(*c->baseline_max_abs) << "\" cy=\"" << Y(c->max_abs)
       << "\" r=\"3.5\" fill=\"" << (c->passed ? "#2a6fdb" : "#d22")
       << "\" fill-opacity=\"0.7\"><title>" << escape_markup(c->path) << ": err(prod) "
-      << num(c->max_abs) << ", err(base) " << num(*c->baseline_max_abs) << "</title></circle>";
+      << format_number(c->max_abs) << ", err(base) " << format_number(*c->baseline_max_abs)
+      << "</title></circle>";
   }
   s << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
     << "\" font-size=\"11\" text-anchor=\"middle\">err(base) = max |base - ref|</text>"
@@ -148,7 +143,7 @@ std::string to_html(const RunReport& report) {
     h << "<tr><td class=\"l\"><a href=\"#" << escape_markup(c.id) << "\">" << escape_markup(c.id)
       << "</a></td><td class=\"" << (c.passed() ? "pass\">pass" : "fail\">FAIL") << "</td><td>"
       << c.checks.size() << "</td><td>" << failed << "</td><td>"
-      << (worst > 0 ? num(worst) : "&ndash;") << "</td></tr>\n";
+      << (worst > 0 ? format_number(worst) : "&ndash;") << "</td></tr>\n";
   }
   h << "</table>\n";
   for (const auto& c : report.cases) {
@@ -165,12 +160,14 @@ std::string to_html(const RunReport& report) {
       const std::string name =
           check.path.rfind(c.id + "/", 0) == 0 ? check.path.substr(c.id.size() + 1) : check.path;
       const bool ratio = check.baseline_max_abs.has_value();
-      h << "<tr><td class=\"l\">" << escape_markup(name) << "</td><td>" << num(check.max_abs)
-        << "</td><td>" << (ratio ? num(*check.baseline_max_abs) : "exact") << "</td><td>"
-        << (ratio && *check.baseline_max_abs > 0 ? num(check.max_abs / *check.baseline_max_abs)
-                                                 : "&ndash;")
-        << "</td><td>" << num(check.limit) << "</td><td>" << num(check.mean_abs) << "</td><td>"
-        << (check.rel_fro ? num(*check.rel_fro) : "&ndash;") << "</td><td>"
+      h << "<tr><td class=\"l\">" << escape_markup(name) << "</td><td>"
+        << format_number(check.max_abs) << "</td><td>"
+        << (ratio ? format_number(*check.baseline_max_abs) : "exact") << "</td><td>"
+        << (ratio && *check.baseline_max_abs > 0
+                ? format_number(check.max_abs / *check.baseline_max_abs)
+                : "&ndash;")
+        << "</td><td>" << format_number(check.limit) << "</td><td>" << format_number(check.mean_abs)
+        << "</td><td>" << (check.rel_fro ? format_number(*check.rel_fro) : "&ndash;") << "</td><td>"
         << (check.cosine ? cosine_text(*check.cosine) : "&ndash;") << "</td><td class=\""
         << (check.passed ? "pass\">pass" : "fail\">FAIL") << "</td></tr>\n";
     }
@@ -187,7 +184,7 @@ std::string to_html(const RunReport& report) {
     if (!c.metrics.empty()) {
       h << "<p>";
       for (const auto& [name, value] : c.metrics)
-        h << escape_markup(name) << " " << num(value) << " &middot; ";
+        h << escape_markup(name) << " " << format_number(value) << " &middot; ";
       h << "</p>\n";
     }
     h << "</section>\n";

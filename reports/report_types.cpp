@@ -1,5 +1,6 @@
 #include "reports/report_types.h"
 
+#include <cstdio>
 #include <sstream>
 
 namespace gradscope::report {
@@ -16,6 +17,12 @@ std::string format_spec_value(const SpecValue& value) {
     std::string operator()(const std::string& v) const { return v; }
   };
   return std::visit(Formatter{}, value);
+}
+
+std::string format_number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", value);
+  return buf;
 }
 
 std::pair<double, double> assert_close_tolerances(const std::string& dtype) {

@@ -16,6 +16,8 @@ using SpecValue = std::variant<int64_t, double, bool, std::string>;
 using SpecFields = std::vector<std::pair<std::string, SpecValue>>;
 
 std::string format_spec_value(const SpecValue& value);
+// Three significant digits, as the console and HTML tables print figures.
+std::string format_number(double value);
 
 // torch.testing.assert_close's default (rtol, atol) for a dtype name (fp16, bf16, fp32,
 // fp64; anything else gets fp32's); mixed dtypes take the looser pair.
