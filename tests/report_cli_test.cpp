@@ -110,3 +110,38 @@ TEST(ReportCli, RegressionGateAgainstAnAcceptedReport) {
 
 }  // namespace
 }  // namespace gradscope
+
+#include <nlohmann/json.hpp>
+
+namespace gradscope {
+namespace {
+
+// Determinism: the same cases run twice give identical checks (every metric, worst index
+// and message) and byte-identical dumps; only the wall-time metrics may differ.
+TEST(ReportCli, RunsAreDeterministic) {
+  testing::TempDir dir;
+  const std::vector<std::string> cases = {
+      std::string(GRADSCOPE_TEST_CASES_DIR) + "/smoke/mlp.toml",
+      std::string(GRADSCOPE_TEST_CASES_DIR) + "/smoke/dequant_groups.toml"};
+  for (const char* name : {"a", "b"}) {
+    auto args = std::vector<std::string>{"run"};
+    args.insert(args.end(), cases.begin(), cases.end());
+    for (const char* extra : {"--filter", "*bf16*", "--quiet"}) args.push_back(extra);
+    args.push_back("--json");
+    args.push_back(dir.path(std::string(name) + ".json"));
+    args.push_back("--dump");
+    args.push_back(dir.path(std::string(name) + ".h5"));
+    ASSERT_EQ(cli(args).code, 0);
+  }
+  const auto a = nlohmann::json::parse(bytes(dir.path("a.json")));
+  const auto b = nlohmann::json::parse(bytes(dir.path("b.json")));
+  ASSERT_EQ(a["cases"].size(), b["cases"].size());
+  ASSERT_GT(a["cases"].size(), 10u);
+  for (size_t i = 0; i < a["cases"].size(); ++i) {
+    EXPECT_EQ(a["cases"][i]["checks"], b["cases"][i]["checks"]) << a["cases"][i]["id"];
+  }
+  EXPECT_EQ(bytes(dir.path("a.h5")), bytes(dir.path("b.h5")));
+}
+
+}  // namespace
+}  // namespace gradscope
