@@ -95,7 +95,8 @@ class Checks {
 class Measure {
  public:
   explicit Measure(const Config& c, bool track_memory = true);
-  // Returns seconds since construction; on CUDA after a synchronize.
+  // Appends <name>.seconds (since construction; on CUDA after a synchronize) and, when
+  // tracking memory, <name>.peak_allocated_gib to `metrics`.
   void finish(const std::string& name, std::vector<std::pair<std::string, double>>& metrics);
 
  private:
