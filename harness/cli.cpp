@@ -151,7 +151,7 @@ void check_output_path(const std::string& path, const char* flag) {
 struct RunOutputs {
   std::string json, dump, junit, html, against, inject;
   double against_factor = 1.25;
-  bool dump_failing_only = false, dump_gradients_only = false, quiet = false;
+  bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
 };
 
 int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
@@ -202,6 +202,11 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
     if (progress) std::fprintf(stderr, "\r\x1b[K");
     report::print_case(std::cout, report.cases.back(), console);
     std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
+    if (o.fail_fast && !report.cases.back().passed() && i + 1 < selected.size()) {
+      std::cout << "--fail-fast: stopped at the first failing case; " << selected.size() - i - 1
+                << " of " << selected.size() << " cases not run\n";
+      break;
+    }
   }
   report::print_summary(std::cout, report);
   if (!o.json.empty()) {
@@ -281,6 +286,8 @@ int run_cli(int argc, const char* const* argv) {
   run->add_option("--against-factor", outputs.against_factor,
                   "growth of err(prod)/err(base) that counts as a regression (default 1.25)");
   run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
+  run->add_flag("--fail-fast", outputs.fail_fast,
+                "stop at the first failing case (exit 1; the reports hold the cases run)");
   run->add_option("--inject", outputs.inject,
                   "run the production code as the named faulty variant (see gradscope faults)");
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");

@@ -4,7 +4,11 @@
 # Configures against the machine's torch (python3) with toml++ carried in .devdeps,
 # builds, runs the CTest suite and the smoke and gpu suites with --device cuda, and
 # writes every log and JSON report into the given folder.
+# STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
+# "killmatrix": every fault on the gpu suite); GPU_FILES picks case files (default all).
 set -uo pipefail
+STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
+has_step() { [[ $STEPS == *" $1 "* ]]; }
 OUT=${1:?usage: device-check.sh OUTDIR}
 BUILD_DIR=${BUILD_DIR:-build-device}
 mkdir -p "$OUT"
@@ -26,11 +30,12 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember the first failure
 } >"$OUT/machine.txt" 2>&1
 run configure cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
 run build cmake --build "$BUILD_DIR" -j "$(nproc)"
-run smoke_cuda "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --json "$OUT/smoke_cuda.json"
+has_step smoke && run smoke_cuda "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --json "$OUT/smoke_cuda.json"
 # One run (and JSON report) per gpu case file, so a time bound loses at most one file.
 # GPU_FILTER selects case ids (default all); the whole suite gets GPU_SUITE_SECONDS.
 deadline=$((SECONDS + ${GPU_SUITE_SECONDS:-420}))
-for file in cases/gpu/*.toml; do
+has_step gpu || GPU_FILES=""
+for file in ${GPU_FILES-cases/gpu/*.toml}; do
   left=$((deadline - SECONDS))
   ((left > 10)) || { echo "   gpu suite: out of time before $file" | tee -a "$OUT/summary.log"; status=1; break; }
   name=$(basename "$file" .toml)
@@ -38,10 +43,14 @@ for file in cases/gpu/*.toml; do
     --filter "${GPU_FILTER:-*}" --json "$OUT/gpu_$name.json"
 done
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
-run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E smoke_seed_sweep
-if [[ -z "${SKIP_MEMCHECK:-}" ]] && command -v compute-sanitizer >/dev/null; then
+has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E smoke_seed_sweep
+if has_step memcheck && command -v compute-sanitizer >/dev/null; then
   # Out-of-bounds reads or writes in the kernels (dequant of every width, SwiGLU, the fused ops).
   run memcheck timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --filter '*.fp16.*act*'
+fi
+if has_step killmatrix; then
+  run killmatrix python3 scripts/kill-matrix.py "$BUILD_DIR/gradscope" --suite gpu --device cuda \
+    --fail-fast --scoped --markdown "$OUT/kill-matrix-gpu.md"
 fi
 exit $status

@@ -3,6 +3,10 @@
 with a failing check on the tensor the fault corrupts.
 
 Usage: kill-matrix.py GRADSCOPE_BINARY [--suite smoke] [--device cpu] [--markdown FILE]
+                      [--fail-fast] [--scoped]
+--fail-fast stops each run at its first failing case (the gate's answer is known then);
+--scoped runs a dequant fault (caught at /gptq/...) on the dequant cases only and a LoRA
+fault on the LoRA cases only. Both keep the real-shape gpu suite's matrix affordable.
 Exit status 0 when every fault is caught, 1 otherwise.
 """
 import argparse
@@ -11,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def faults(binary):
@@ -29,29 +34,41 @@ def main():
     parser.add_argument("--suite", default="smoke")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--markdown")
+    parser.add_argument("--fail-fast", action="store_true")
+    parser.add_argument("--scoped", action="store_true")
     args = parser.parse_args()
 
-    lines = ["| fault | exit | failing checks | caught | first failing check on the corrupted tensor |",
-             "|---|---|---|---|---|"]
+    lines = ["| fault | exit | cases run | failing checks | caught | first failing check on the corrupted tensor | seconds |",
+             "|---|---|---|---|---|---|---|"]
     missed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, caught_at in faults(args.binary):
             report = os.path.join(tmp, name + ".json")
-            run = subprocess.run([args.binary, "run", "--suite", args.suite, "--device", args.device,
-                                  "--inject", name, "--quiet", "--json", report],
-                                 capture_output=True, text=True)
-            failing = []
+            command = [args.binary, "run", "--suite", args.suite, "--device", args.device,
+                       "--inject", name, "--quiet", "--json", report]
+            if args.fail_fast:
+                command.append("--fail-fast")
+            if args.scoped:
+                command += ["--filter", "dequant.*" if caught_at.startswith("/gptq/") else "[!d]*"]
+            start = time.monotonic()
+            run = subprocess.run(command, capture_output=True, text=True)
+            seconds = time.monotonic() - start
+            failing, cases_run = [], 0
             if os.path.exists(report):
                 with open(report) as f:
-                    for case in json.load(f)["cases"]:
+                    cases = json.load(f)["cases"]
+                    cases_run = len(cases)
+                    for case in cases:
                         failing += [c["path"] for c in case["checks"] if c["status"] != "pass"]
             hits = [p for p in failing if caught_at in p]
             caught = run.returncode == 1 and bool(hits)
             missed += 0 if caught else 1
-            lines.append(f"| {name} | {run.returncode} | {len(failing)} | {'yes' if caught else 'NO'} | "
-                         f"{hits[0] if hits else '-'} |")
+            lines.append(f"| {name} | {run.returncode} | {cases_run} | {len(failing)} | "
+                         f"{'yes' if caught else 'NO'} | {hits[0] if hits else '-'} | {seconds:.0f} |")
             print(lines[-1], flush=True)
-    summary = f"{len(lines) - 2 - missed} of {len(lines) - 2} faults caught by suite {args.suite} on {args.device}"
+    how = "".join(f" {flag}" for flag, on in (("--fail-fast", args.fail_fast), ("--scoped", args.scoped)) if on)
+    summary = (f"{len(lines) - 2 - missed} of {len(lines) - 2} faults caught by suite {args.suite} "
+               f"on {args.device}{how}")
     print(summary)
     if args.markdown:
         with open(args.markdown, "w") as f:
