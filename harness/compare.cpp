@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace gradscope {
@@ -161,6 +162,31 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
     check.tensors =
         report::CheckTensors{bridge::to_tensor_data(prod_in), bridge::to_tensor_data(base_in),
                              bridge::to_tensor_data(ref)};
+  }
+  // A NaN compares false with every limit, so it must be named before any arithmetic: an
+  // overflowing or uninitialised kernel output is a failure with its own message.
+  for (const auto& [who, t] :
+       {std::pair<const char*, const at::Tensor&>{"prod", prod}, {"base", base}, {"ref", ref}}) {
+    const auto bad = t.isfinite().logical_not();
+    const int64_t count = bad.sum().item<int64_t>();
+    if (count == 0) continue;
+    const int64_t flat = bad.view(-1).nonzero()[0][0].item<int64_t>();
+    report::WorstElement worst;
+    worst.index = unravel_index(flat, prod.sizes());
+    worst.prod = prod.view(-1)[flat].item<double>();
+    worst.ref = ref.view(-1)[flat].item<double>();
+    worst.base = base.view(-1)[flat].item<double>();
+    check.worst = worst;
+    check.mismatches = count;
+    check.max_abs = std::numeric_limits<double>::quiet_NaN();
+    std::ostringstream msg;
+    msg << path << ": " << who << " has " << count << " non-finite element"
+        << (count == 1 ? "" : "s") << " (NaN or Inf) of " << check.numel << "; first at index "
+        << format_index(worst.index) << ": prod " << g(worst.prod) << ", base " << g(*worst.base)
+        << ", ref " << g(worst.ref);
+    if (std::string(who) != "prod") msg << " (the case's inputs overflow: not a verdict on prod)";
+    check.failure = msg.str();
+    return check;
   }
   const auto diff = (prod - ref).abs();
   {

@@ -113,8 +113,10 @@ DiffResult diff_dumps(std::ostream& out, const Dump& a, const std::string& a_fil
     double max_abs = 0, sum_abs = 0, diff_sq = 0, ref_sq = 0;
     if (within) {
       for (size_t k = 0; k < x.values.size(); ++k) {
-        const double d = std::abs(x.values[k] - y.values[k]);
-        max_abs = std::max(max_abs, d);
+        // Equal values (infinities too) differ by 0; a NaN on either side differs by NaN,
+        // which the max keeps so the line cannot read as a small difference.
+        const double d = x.values[k] == y.values[k] ? 0.0 : std::abs(x.values[k] - y.values[k]);
+        max_abs = std::isnan(d) || std::isnan(max_abs) ? std::nan("") : std::max(max_abs, d);
         sum_abs += d;
         diff_sq += d * d;
         ref_sq += y.values[k] * y.values[k];

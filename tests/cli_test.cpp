@@ -85,6 +85,13 @@ TEST(Cli, BadInputExitsTwoAndNamesTheProblem) {
       {{}, "subcommand"},
       {{"list", shape + "x"}, "case file not found"},
       {{"run", dir.write("f.toml", kSmallCases), "--filter", "nothing*"}, "no case id matches"},
+      // TOML has nan and inf literals; a case parameter must be a finite number.
+      {{"run", dir.write("nan.toml", "kind = \"lora_w\"\nalpha = nan\n")},
+       "key 'alpha' must be finite"},
+      {{"run", dir.write("inf.toml", "kind = \"lora_w\"\n[matrix]\ndropout = [0.0, inf]\n")},
+       "key 'dropout' must be finite"},
+      {{"run", dir.write("ninf.toml", "kind = \"lora_w\"\nalpha = -inf\n")},
+       "key 'alpha' must be finite"},
   };
   for (const auto& c : cases) {
     const auto r = cli(c.args);
@@ -174,6 +181,20 @@ TEST(CliFaults, InjectionLastsForTheRunOnly) {
   EXPECT_NE(faulty.out.find("injected fault: scales-wrong-column"), std::string::npos);
   EXPECT_NE(faulty.out.find("/gptq/weight: not bit-exact"), std::string::npos) << faulty.out;
   EXPECT_EQ(testing::run_captured({"run", c, "--quiet"}).code, 0);
+}
+
+TEST(CliFaults, FailFastStopsAtTheFirstFailingCase) {
+  ::gradscope::testing::TempDir dir;
+  const auto c = dir.write("c.toml", kSmallCases);
+  const auto json = dir.path("r.json");
+  const auto r = testing::run_captured(
+      {"run", c, "--inject", "scales-wrong-column", "--fail-fast", "--quiet", "--json", json});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--fail-fast: stopped at the first failing case; 3 of 4 cases not run"),
+            std::string::npos)
+      << r.out;
+  std::ifstream in(json);
+  EXPECT_EQ(nlohmann::json::parse(in)["cases"].size(), 1u);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "harness/compare.h"
 
 namespace gradscope {
@@ -106,6 +109,31 @@ TEST(CompareRatio, ReportsWorstElementAndMismatchesUnderDefaultTolerances) {
   EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1, 2}));
   EXPECT_NE(c.failure.find("prod 1.5, base 1, ref 1"), std::string::npos) << c.failure;
   EXPECT_LT(*c.cosine, 1.0);
+}
+
+TEST(CompareRatio, NonFiniteProdFailsWithCountAndFirstIndex) {
+  const auto ref = at::ones({2, 3}, at::kDouble);
+  auto prod = ref.to(at::kFloat).clone();
+  prod[1][2] = std::numeric_limits<float>::quiet_NaN();
+  prod[0][1] = std::numeric_limits<float>::infinity();
+  const auto c = compare_ratio("case/p/lora_A.grad", prod, ref, ref, at::kFloat);
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.mismatches, 2);
+  EXPECT_TRUE(std::isnan(c.max_abs));
+  EXPECT_EQ(c.worst->index, (std::vector<int64_t>{0, 1}));
+  EXPECT_NE(c.failure.find("case/p/lora_A.grad: prod has 2 non-finite elements (NaN or Inf) of "
+                           "6; first at index (0, 1): prod inf, base 1, ref 1"),
+            std::string::npos)
+      << c.failure;
+}
+
+TEST(CompareRatio, NonFiniteReferenceIsNotAVerdictOnProd) {
+  auto ref = at::ones({4}, at::kDouble);
+  ref[3] = std::numeric_limits<double>::infinity();
+  const auto c = compare_ratio("p", at::ones({4}), at::ones({4}), ref, at::kFloat);
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("p: ref has 1 non-finite element"), std::string::npos) << c.failure;
+  EXPECT_NE(c.failure.find("not a verdict on prod"), std::string::npos) << c.failure;
 }
 
 }  // namespace

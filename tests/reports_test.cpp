@@ -1,7 +1,10 @@
 // The reports room. The HDF5 dump: written by reports/, read back tensor for tensor through the
 // plain HDF5 C API, then through our reader; bad files are refused with the file named.
 #include <gtest/gtest.h>
+
 #include <hdf5.h>
+#include <cmath>
+#include <limits>
 
 #include <fstream>
 #include <iterator>
@@ -166,6 +169,26 @@ TEST(DumpTools, DiffNamesTheTensorsThatDiffer) {
                        {1e-2, 1e-2})
                 .differing,
             0);
+}
+
+TEST(DumpTools, DiffTreatsNaNAsADifferenceAndEqualInfinitiesAsSame) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Dump a, b;
+  a.cases = b.cases = {"c"};
+  a.datasets = {{"/c/t/prod", "fp32", {3}, {1.0, inf, 2.0}},
+                {"/c/u/prod", "fp32", {2}, {-inf, 1.0}}};
+  b.datasets = {{"/c/t/prod", "fp32", {3}, {1.0, inf, nan}},
+                {"/c/u/prod", "fp32", {2}, {-inf, 1.0}}};
+  std::ostringstream out;
+  const auto r = diff_dumps(out, a, "a", b, "b", {});
+  EXPECT_EQ(r.differing, 1) << out.str();
+  EXPECT_TRUE(std::isnan(r.json["tensors"][0]["max_abs"].is_null()
+                             ? nan
+                             : r.json["tensors"][0]["max_abs"].get<double>()));
+  EXPECT_EQ(r.json["tensors"][0]["status"], "differs");
+  EXPECT_EQ(r.json["tensors"][1]["status"], "same");
+  EXPECT_EQ(r.json["tensors"][1]["max_abs"], 0.0);
 }
 
 TEST(DumpTools, DiffRefusesDumpsOfDifferentCases) {
