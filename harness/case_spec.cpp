@@ -229,17 +229,12 @@ void throw_field_error(const CaseSpec& spec, const std::string& field, const std
   throw InputError(spec.origin(field) + ": " + field + " " + problem);
 }
 
-std::vector<CaseSpec> load_case_file(const std::string& path) {
-  if (!files::is_regular_file(path)) {
-    throw InputError(path + ": case file not found");
-  }
-  toml::table table;
-  try {
-    table = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
-                     ": malformed TOML: " + std::string(e.description()));
-  }
+namespace {
+
+// A [matrix] multiplies: a few long axes would otherwise exhaust memory.
+constexpr size_t kMaxCasesPerFile = 100000;
+
+std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path) {
 
   const toml::node* kind_node = table.get("kind");
   if (!kind_node || !kind_node->is_string()) {
@@ -265,6 +260,7 @@ std::vector<CaseSpec> load_case_file(const std::string& path) {
   base.set("kind", kind, where(path, kind_node->source()));
 
   std::vector<std::pair<const FieldSpec*, std::vector<std::pair<SpecValue, std::string>>>> axes;
+  size_t expanded_count = 1;
   for (auto&& [key, node] : table) {
     const std::string name(key.str());
     const std::string at = where(path, key.source());
@@ -291,6 +287,11 @@ std::vector<CaseSpec> load_case_file(const std::string& path) {
           throw InputError(mat + ": key 'matrix." + mname + "' must be a non-empty array");
         }
         std::vector<std::pair<SpecValue, std::string>> values;
+        expanded_count *= mnode.as_array()->size();
+        if (expanded_count > kMaxCasesPerFile) {
+          throw InputError(mat + ": [matrix] expands to more than " +
+                           std::to_string(kMaxCasesPerFile) + " cases; split the file");
+        }
         for (const auto& element : *mnode.as_array()) {
           values.emplace_back(from_toml(*field, element, mat), mat);
         }
@@ -322,6 +323,34 @@ std::vector<CaseSpec> load_case_file(const std::string& path) {
   for (const auto& c : cases) validate_case(c);
   return cases;
 }
+
+}  // namespace
+
+std::vector<CaseSpec> load_case_file(const std::string& path) {
+  if (!files::is_regular_file(path)) {
+    throw InputError(path + ": case file not found");
+  }
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
+                     ": malformed TOML: " + std::string(e.description()));
+  }
+  return cases_from_table(table, path);
+}
+
+std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path) {
+  toml::table table;
+  try {
+    table = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
+                     ": malformed TOML: " + std::string(e.description()));
+  }
+  return cases_from_table(table, path);
+}
+
 
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
                     const std::string& flag) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,8 @@ std::vector<FieldSpec> schema_for_kind(const std::string& kind);
 // Loads one case file; a [matrix] table of arrays expands into the cartesian
 // product. Each case is validated (field ranges and the runner's shape rules).
 std::vector<CaseSpec> load_case_file(const std::string& path);
+// The same for case-file text; `path` names it in errors and in CaseSpec::file.
+std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path);
 
 // Applies a CLI override (--dtype/--device/--seed) and re-validates the case.
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,

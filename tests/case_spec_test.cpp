@@ -129,6 +129,32 @@ TEST(CaseFile, KeyBothTopLevelAndInMatrixIsAnError) {
             std::string::npos);
 }
 
+TEST(CaseFile, MatrixThatExplodesIsRefusedBeforeExpansion) {
+  std::string text = "kind = \"dequant\"\n[matrix]\n";
+  for (const char* key : {"seed", "in_features", "out_features", "group_size"}) {
+    text += std::string(key) + " = [";
+    for (int i = 1; i <= 20; ++i) text += std::to_string(32 * i) + (i < 20 ? ", " : "]\n");
+  }
+  try {
+    parse_case_text(text, "big.toml");
+    FAIL() << "20^4 cases were expanded";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("big.toml:", 0), 0u) << what;
+    EXPECT_NE(what.find(": [matrix] expands to more than 100000 cases"), std::string::npos) << what;
+  }
+}
+
+TEST(CaseFile, TextAndFileLoadAlike) {
+  TempDir dir;
+  const std::string text = "kind = \"dequant\"\n[matrix]\nbits = [3, 4]\n";
+  const auto from_file = load_case_file(dir.write("t.toml", text));
+  const auto from_text = parse_case_text(text, dir.path("t.toml"));
+  ASSERT_EQ(from_file.size(), 2u);
+  ASSERT_EQ(from_text.size(), 2u);
+  EXPECT_EQ(from_file[1].to_toml(), from_text[1].to_toml());
+}
+
 TEST(CaseFile, OverridesAreValidated) {
   TempDir dir;
   auto cases = load_case_file(dir.write("o.toml", "kind = \"dequant\"\n"));
