@@ -24,3 +24,19 @@ if(GRADSCOPE_WITH_CUDA)
   # GCC only accepts where the same macros are defined.
   add_compile_definitions(GRADSCOPE_WITH_CUDA)
 endif()
+
+# The hardening build (scripts/sanitize-and-fuzz.sh): ASan + UBSan on every first-party
+# target, and with GRADSCOPE_FUZZ coverage instrumentation for libFuzzer (clang only).
+option(GRADSCOPE_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
+option(GRADSCOPE_FUZZ "Build the libFuzzer targets in tests/fuzz (needs clang)" OFF)
+if(GRADSCOPE_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(GRADSCOPE_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "GRADSCOPE_FUZZ needs clang (libFuzzer); configure with CXX=clang++")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()

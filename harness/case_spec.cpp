@@ -3,6 +3,9 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "harness/case_runner.h"
@@ -235,7 +238,6 @@ namespace {
 constexpr size_t kMaxCasesPerFile = 100000;
 
 std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path) {
-
   const toml::node* kind_node = table.get("kind");
   if (!kind_node || !kind_node->is_string()) {
     throw InputError(path + ": missing key 'kind' (a string: one of " + [] {
@@ -326,21 +328,56 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
 
 }  // namespace
 
+namespace {
+
+// toml++ 3.3.0 (Debian's) reaches __builtin_unreachable() in its whitespace table for
+// some non-ASCII code points outside strings (found by the case-file fuzzer; input "[\u03FC").
+// Until a fixed release is packaged, the text is refused before toml++ sees it.
+bool toml_whitespace_table_hole(char32_t c) {
+  // Its table buckets U+00A0..U+FEFF by 0x3FA; buckets 0, 11 and 63 list one code point
+  // each and fall into the unreachable branch for every other.
+  return (c >= 0xA1 && c < 0x49A) || (c >= 0x2C5E && c < 0x3058 && c != 0x3000) ||
+         (c >= 0xFB26 && c < 0xFEFF);
+}
+
+void refuse_unsafe_characters(std::string_view text, const std::string& path) {
+  int line = 1, column = 1;
+  for (size_t i = 0; i < text.size(); ++column) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t length = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    if (lead == '\n') {
+      ++line;
+      column = 0;
+    }
+    if (length > 1 && lead >= 0xC2 && i + length <= text.size()) {
+      char32_t c = lead & (0xFF >> (length + 1));
+      for (size_t k = 1; k < length; ++k) c = (c << 6) | (text[i + k] & 0x3F);
+      if (toml_whitespace_table_hole(c)) {
+        char code[16];
+        std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(c));
+        throw InputError(path + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                         ": character " + code +
+                         " is not accepted in case files (the TOML library mis-handles it)");
+      }
+    }
+    i += length;
+  }
+}
+
+}  // namespace
+
 std::vector<CaseSpec> load_case_file(const std::string& path) {
   if (!files::is_regular_file(path)) {
     throw InputError(path + ": case file not found");
   }
-  toml::table table;
-  try {
-    table = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
-                     ": malformed TOML: " + std::string(e.description()));
-  }
-  return cases_from_table(table, path);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof()) throw InputError(path + ": cannot read the case file");
+  return parse_case_text(text, path);
 }
 
 std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path) {
+  refuse_unsafe_characters(text, path);
   toml::table table;
   try {
     table = toml::parse(text, path);
@@ -350,7 +387,6 @@ std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& 
   }
   return cases_from_table(table, path);
 }
-
 
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
                     const std::string& flag) {

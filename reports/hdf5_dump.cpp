@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <type_traits>
@@ -43,7 +44,14 @@ class Writer {
  public:
   explicit Writer(const std::string& path) : path_(path) {
     static const QuietErrors quiet;
-    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    // The 1.8+ file format checksums every metadata block (superblock v2+, object
+    // headers v2): the reader can then refuse a corrupted dump instead of walking it.
+    const Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+    // Version 2 object headers store timestamps unless told not to, the root's too.
+    const Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+    H5Pset_obj_track_times(fcpl.get(), false);
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
     if (file_ < 0) throw DumpError("cannot create " + path);
     gcpl_ = H5Pcreate(H5P_GROUP_CREATE);
     H5Pset_obj_track_times(gcpl_, false);
@@ -150,7 +158,8 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
   w.attribute(root, "kind", c.kind);
   w.attribute(root, "status", std::string(c.passed() ? "pass" : "fail"));
   w.attribute(root, "case_toml", c.spec_toml);
-  for (const auto& [name, value] : c.spec) {
+  for (const auto& field : c.spec) {
+    const std::string& name = field.first;
     if (name == "seed" || name == "dtype" || name == "device") {
       std::visit(
           [&](const auto& v) {
@@ -159,7 +168,7 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
               w.attribute(root, name, v);
             }
           },
-          value);
+          field.second);
     }
   }
   if (!o.gradients_only) {
@@ -188,6 +197,9 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
 std::string read_attribute(hid_t attr) {
   const Handle type(H5Aget_type(attr), H5Tclose);
   if (H5Tget_class(type.get()) == H5T_STRING) {
+    // gradscope writes fixed-length strings; a variable-length one would hand back a
+    // pointer to memory libhdf5 allocated (not a dump of ours).
+    if (H5Tis_variable_str(type.get()) != 0 || H5Tget_size(type.get()) > (1u << 20)) return "";
     std::string value(H5Tget_size(type.get()), '\0');
     if (H5Aread(attr, type.get(), value.data()) < 0) return "";
     return value.substr(0, value.find('\0'));
@@ -214,6 +226,7 @@ std::map<std::string, std::string> read_attributes(hid_t object) {
         H5Aclose);
     if (!attr.ok()) continue;
     const ssize_t n = H5Aget_name(attr.get(), 0, nullptr);
+    if (n < 0 || n > 4096) continue;
     std::string name(n, '\0');
     H5Aget_name(attr.get(), n + 1, name.data());
     out[name] = read_attribute(attr.get());
@@ -225,6 +238,7 @@ struct VisitState {
   Dump* dump;
   hid_t file;
   std::string error;
+  size_t file_bytes = 0;
 };
 
 herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
@@ -243,13 +257,25 @@ herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
   }
   const Handle space(H5Dget_space(ds.get()), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space.get());
-  std::vector<hsize_t> dims(std::max(rank, 0));
+  if (rank < 0 || rank > 8) {
+    state->error = "dataset " + path + " has rank " + std::to_string(rank) + " (corrupt file?)";
+    return -1;
+  }
+  std::vector<hsize_t> dims(rank);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   DumpDataset d;
   d.path = path;
+  // A corrupt extent must not become a huge allocation: deflate stores at most ~1032
+  // bytes per byte of file, so no dump dataset holds more elements than that.
+  const size_t max_elements = 1032 * std::max<size_t>(state->file_bytes, 1);
   size_t count = 1;
   for (auto v : dims) {
     d.shape.push_back(static_cast<int64_t>(v));
+    if (v != 0 && count > max_elements / v) {
+      state->error = "dataset " + path + " claims more elements than a file of " +
+                     std::to_string(state->file_bytes) + " bytes can hold (corrupt file?)";
+      return -1;
+    }
     count *= v;
   }
   d.values.resize(count);
@@ -300,6 +326,23 @@ Dump read_dump(const std::string& path) {
   static const QuietErrors quiet;
   if (::access(path.c_str(), R_OK) != 0) throw DumpError(path + ": file not found or unreadable");
   if (H5Fis_hdf5(path.c_str()) <= 0) throw DumpError(path + ": not an HDF5 file");
+  // libhdf5 trusts unchecksummed (version 0/1) metadata and can crash on a corrupt file
+  // (the dump-reader fuzzer found a SEGV): only the checksummed format gradscope writes
+  // is read. The superblock version is the byte after the 8-byte signature.
+  {
+    unsigned char head[9] = {};
+    FILE* f = std::fopen(path.c_str(), "rb");
+    const size_t got = f ? std::fread(head, 1, sizeof head, f) : 0;
+    if (f) std::fclose(f);
+    if (got != sizeof head || std::memcmp(head, "\x89HDF\r\n\x1a\n", 8) != 0) {
+      throw DumpError(path + ": not a gradscope dump (no HDF5 superblock at offset 0)");
+    }
+    if (head[8] < 2) {
+      throw DumpError(path + ": not a gradscope dump (HDF5 superblock version " +
+                      std::to_string(head[8]) +
+                      "; gradscope writes version 2 or later, with checksummed metadata)");
+    }
+  }
   const Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw DumpError(path + ": cannot open (truncated or corrupt HDF5 file?)");
   Dump dump;
@@ -309,7 +352,10 @@ Dump read_dump(const std::string& path) {
     throw DumpError(path + ": not a gradscope dump (root attribute format != \"" +
                     std::string(kDumpFormat) + "\")");
   }
-  VisitState state{&dump, file.get(), ""};
+  VisitState state{&dump, file.get(), "", 0};
+  hsize_t file_bytes = 0;
+  H5Fget_filesize(file.get(), &file_bytes);
+  state.file_bytes = file_bytes;
   if (H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &state, H5O_INFO_BASIC) < 0) {
     throw DumpError(path + ": " + (state.error.empty() ? "cannot walk the file" : state.error));
   }

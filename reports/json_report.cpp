@@ -9,8 +9,8 @@ nlohmann::ordered_json optional_number(const std::optional<double>& v) {
 
 nlohmann::ordered_json spec_json(const SpecFields& spec) {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  for (const auto& [name, value] : spec) {
-    std::visit([&](const auto& v) { out[name] = v; }, value);
+  for (const auto& field : spec) {
+    std::visit([&](const auto& v) { out[field.first] = v; }, field.second);
   }
   return out;
 }

@@ -4,7 +4,8 @@
 set -euo pipefail
 
 APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libcli11-dev
-              libtomlplusplus-dev nlohmann-json3-dev libgtest-dev)
+              libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
+              clang libclang-rt-dev libomp-dev)  # clang: the sanitizer + libFuzzer job
 TORCH_VERSION=2.11.0
 PY_PACKAGES=(h5py)  # the users' reader of dumps; tests check it reads them
 PYTHON=${PYTHON:-python3}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Quickstart (2): install what is missing, build, run every test (GoogleTest + suites via CTest).
+# Quickstart (2): install what is missing, build, run every test (GoogleTest + suites via
+# CTest), then the hardening job: the tests under ASan + UBSan and the fuzzers (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-exec ctest --test-dir build --output-on-failure -j "$(nproc)"
+ctest --test-dir build --output-on-failure -j "$(nproc)"
+exec bash scripts/sanitize-and-fuzz.sh
