@@ -17,6 +17,7 @@
 #include "gradscope/faults.h"
 #include "harness/case_runner.h"
 #include "harness/case_spec.h"
+#include "harness/checkpoint_commands.h"
 #include "harness/environment.h"
 #include "harness/file_system.h"
 #include "harness/input_error.h"
@@ -46,6 +47,7 @@ struct Selection {
   std::string cases_dir;
   std::string device, dtype;
   int64_t seed = -1;
+  CheckpointSelection checkpoint;
 };
 
 std::string cases_dir(const Selection& sel) {
@@ -77,22 +79,29 @@ struct SelectedCase {
 
 std::vector<SelectedCase> select_cases(const Selection& sel) {
   std::vector<std::string> files = sel.files;
-  if (!sel.suite.empty() || files.empty()) {
+  std::vector<CaseSpec> specs;
+  if (!sel.checkpoint.dir.empty()) {
+    if (!files.empty() || !sel.suite.empty()) {
+      throw InputError("--checkpoint selects its own cases: give no case files or --suite");
+    }
+    specs = checkpoint_cases(sel.checkpoint);
+  } else if (!sel.suite.empty() || files.empty()) {
     const auto more = suite_files(cases_dir(sel), sel.suite.empty() ? "smoke" : sel.suite);
     files.insert(files.end(), more.begin(), more.end());
   }
   std::vector<SelectedCase> selected;
   std::set<std::string> seen;
   for (const auto& file : files) {
-    for (auto& spec : load_case_file(file)) {
-      if (!sel.device.empty()) override_field(spec, "device", sel.device, "--device");
-      if (!sel.dtype.empty()) override_field(spec, "dtype", sel.dtype, "--dtype");
-      if (sel.seed >= 0) override_field(spec, "seed", std::to_string(sel.seed), "--seed");
-      std::string id = find_runner(spec.kind)->case_id(spec);
-      if (!sel.filter.empty() && fnmatch(sel.filter.c_str(), id.c_str(), 0) != 0) continue;
-      if (!seen.insert(id).second) continue;  // an override can make two cases identical
-      selected.push_back({std::move(spec), std::move(id)});
-    }
+    for (auto& spec : load_case_file(file)) specs.push_back(std::move(spec));
+  }
+  for (auto& spec : specs) {
+    if (!sel.device.empty()) override_field(spec, "device", sel.device, "--device");
+    if (!sel.dtype.empty()) override_field(spec, "dtype", sel.dtype, "--dtype");
+    if (sel.seed >= 0) override_field(spec, "seed", std::to_string(sel.seed), "--seed");
+    std::string id = find_runner(spec.kind)->case_id(spec);
+    if (!sel.filter.empty() && fnmatch(sel.filter.c_str(), id.c_str(), 0) != 0) continue;
+    if (!seen.insert(id).second) continue;  // an override can make two cases identical
+    selected.push_back({std::move(spec), std::move(id)});
   }
   if (selected.empty()) {
     throw InputError(sel.filter.empty() ? "no cases selected"
@@ -115,10 +124,14 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
   result.source = sc.spec.file;
   result.spec = sc.spec.fields();
   result.spec_toml = sc.spec.to_toml();
-  result.replay = program + " run " + shell_quote(sc.spec.file) + " --filter " +
-                  shell_quote(sc.id) + " --device " + sc.spec.get_string("device") + " --dtype " +
-                  sc.spec.get_string("dtype") + " --seed " +
-                  std::to_string(sc.spec.get_int("seed"));
+  const std::string checkpoint = sc.spec.kind == "dequant" ? "" : sc.spec.get_string("checkpoint");
+  const std::string source = checkpoint.empty() || checkpoint != sc.spec.file
+                                 ? shell_quote(sc.spec.file)
+                                 : "--checkpoint " + shell_quote(checkpoint) + " --layers " +
+                                       std::to_string(sc.spec.get_int("layer"));
+  result.replay = program + " run " + source + " --filter " + shell_quote(sc.id) + " --device " +
+                  sc.spec.get_string("device") + " --dtype " + sc.spec.get_string("dtype") +
+                  " --seed " + std::to_string(sc.spec.get_int("seed"));
   const auto start = std::chrono::steady_clock::now();
   try {
     auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id, options);
@@ -261,6 +274,14 @@ void add_selection_options(CLI::App* cmd, Selection& sel) {
   cmd->add_option("--dtype", sel.dtype, "override every case's dtype")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   cmd->add_option("--seed", sel.seed, "override every case's seed")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint", sel.checkpoint.dir,
+                  "run the LoRA cases on this GPTQ checkpoint's packed weights");
+  cmd->add_option("--layers", sel.checkpoint.layers, "checkpoint layers (default 0), e.g. 0,3")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--projections", sel.checkpoint.projections,
+                  "checkpoint projections (default all), e.g. q_proj,down_proj")
+      ->delimiter(',');
 }
 
 }  // namespace
@@ -290,6 +311,38 @@ int run_cli(int argc, const char* const* argv) {
                 "stop at the first failing case (exit 1; the reports hold the cases run)");
   run->add_option("--inject", outputs.inject,
                   "run the production code as the named faulty variant (see gradscope faults)");
+  std::string dq_dir, dq_module, dq_out;
+  auto* dequant = app.add_subcommand(
+      "dequant", "write one checkpoint module's dequantized weight (and codes, zeros) to HDF5");
+  dequant->add_option("--checkpoint", dq_dir, "GPTQ checkpoint folder")->required();
+  dequant->add_option("--module", dq_module, "e.g. model.layers.0.mlp.down_proj")->required();
+  dequant->add_option("--out", dq_out, "HDF5 file to write")->required();
+  ExportOptions ex;
+  std::string ex_format = "gptq";
+  bool ex_asym = false;
+  auto* exporter = app.add_subcommand("export", "write a small GPTQ checkpoint of seeded layers");
+  exporter->add_option("--out", ex.dir, "new checkpoint folder")->required();
+  exporter->add_option("--layers", ex.layers, "decoder layers (default 1)")
+      ->check(CLI::Range(1, 1024));
+  exporter->add_option("--hidden", ex.hidden, "hidden size (default 256)")
+      ->check(CLI::Range(1, 1 << 16));
+  exporter->add_option("--intermediate", ex.intermediate, "MLP size (default 688)")
+      ->check(CLI::Range(1, 1 << 17));
+  exporter->add_option("--heads", ex.heads, "query heads (default 4)")->check(CLI::Range(1, 1024));
+  exporter->add_option("--kv-heads", ex.kv_heads, "key/value heads (default 2)")
+      ->check(CLI::Range(1, 1024));
+  exporter->add_option("--bits", ex.bits, "2, 3, 4 or 8 (default 4)")
+      ->check(CLI::IsMember({2, 3, 4, 8}));
+  exporter->add_option("--group-size", ex.group_size, "rows per group, -1 = one (default 128)")
+      ->check(CLI::Range(-1, 1 << 16));
+  exporter->add_option("--format", ex_format, "gptq (v1) or gptq_v2 (default gptq)")
+      ->check(CLI::IsMember({"gptq", "gptq_v2"}));
+  exporter->add_flag("--asym", ex_asym, "asymmetric zero points (default symmetric)");
+  exporter->add_flag("--desc-act", ex.desc_act, "act-order");
+  exporter->add_flag("--static-groups", ex.static_groups, "static groups (with --desc-act)");
+  exporter->add_option("--seed", ex.seed, "seed of the weights (default 1)");
+  exporter->add_option("--shards", ex.shards, "safetensors files (default 1)")
+      ->check(CLI::Range(1, 64));
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
@@ -324,6 +377,14 @@ int run_cli(int argc, const char* const* argv) {
     if (show->parsed()) return command_show(show_file, show_path);
     if (faults->parsed()) return command_faults();
     if (diff->parsed()) return command_diff(diff_a, diff_b, diff_options, diff_json);
+    if (dequant->parsed()) return command_dequant(std::cout, dq_dir, dq_module, dq_out);
+    if (exporter->parsed()) {
+      if (ex.group_size == 0) throw InputError("--group-size must be -1 or positive");
+      if (ex.static_groups && !ex.desc_act) throw InputError("--static-groups needs --desc-act");
+      ex.format = parse_zero_point_format(ex_format);
+      ex.sym = !ex_asym;
+      return command_export(std::cout, ex);
+    }
     return command_list(list_sel);
   } catch (const InputError& e) {
     std::cerr << "gradscope: error: " << e.what() << '\n';

@@ -55,7 +55,7 @@ void validate_gptq_fields(const CaseSpec& s) {
 void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::string& k_field,
                          const std::string& n_field) {
   const int bits = static_cast<int>(spec.get_int("bits"));
-  const int64_t multiple = bits == 3 ? 32 : 32 / bits;
+  const int64_t multiple = packing_multiple(bits);
   const std::string why =
       bits == 3 ? " for 3-bit packing" : " to fill whole " + std::to_string(bits) + "-bit words";
   if (K % multiple != 0) {
@@ -71,9 +71,14 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
 }
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
-                                      int64_t N, const GptqGenSpec& spec) {
+                                      int64_t N, const QuantizeOptions& options) {
   const auto weight_t = normal_tensor(seed, prefix + "weight", {K, N}, 0.02).to(at::kFloat);
-  const auto order = spec.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
+  const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
+  return quantize_gptq(weight_t, order, options);
+}
+
+QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
+                                      int64_t N, const GptqGenSpec& spec) {
   QuantizeOptions options;
   options.bits = spec.bits;
   options.group_size = spec.group_size;
@@ -81,7 +86,7 @@ QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, 
   options.desc_act = spec.desc_act;
   options.static_groups = spec.static_groups;
   options.min_zero = spec.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
-  return quantize_gptq(weight_t, order, options);
+  return quantize_seeded_layer(seed, prefix, K, N, options);
 }
 
 }  // namespace gradscope

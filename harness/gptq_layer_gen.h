@@ -38,5 +38,7 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
 // `<prefix>act_order`, quantized per spec; v1 asks the quantizer for zeros >= 1.
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const GptqGenSpec& spec);
+QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
+                                      int64_t N, const QuantizeOptions& options);
 
 }  // namespace gradscope

@@ -4,10 +4,14 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "harness/compare.h"
 #include "harness/dtype_names.h"
+#include "harness/gptq_checkpoint.h"
+#include "harness/input_error.h"
 #include "harness/seeded_streams.h"
 #include "harness/tensor_bridge.h"
 
@@ -35,6 +39,10 @@ std::vector<FieldSpec> fields() {
       FieldSpec("batch", FieldType::kInt, int64_t{2}, "batch; 0 = 2-D input [seq, features]")
           .in_range(0, 1 << 16),
       FieldSpec("seq", FieldType::kInt, int64_t{32}, "tokens per sequence").in_range(1, 1 << 20),
+      FieldSpec("checkpoint", FieldType::kString, s(""),
+                "GPTQ checkpoint folder whose packed weights replace the seeded layers"),
+      FieldSpec("layer", FieldType::kInt, int64_t{0}, "decoder layer of the checkpoint")
+          .in_range(0, 1 << 16),
   };
   for (auto& g : gptq_fields()) f.push_back(std::move(g));
   return f;
@@ -61,7 +69,9 @@ Config::Config(const CaseSpec& s)
       bias(s.get_bool("bias")),
       batch(s.get_int("batch")),
       seq(s.get_int("seq")),
-      gptq(s) {}
+      gptq(s),
+      checkpoint(s.get_string("checkpoint")),
+      layer(s.get_int("layer")) {}
 
 double Config::scaling() const {
   return lora_scaling(alpha, rank, rslora);
@@ -82,6 +92,7 @@ std::string Config::id_suffix() const {
   if (rslora) id << ".rslora";
   if (adapter_dtype != at::kFloat)
     id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
+  if (!checkpoint.empty()) id << ".ckpt-L" << layer;
   id << ".s" << seed;
   return id.str();
 }
@@ -99,11 +110,41 @@ at::Tensor leaf(const at::Tensor& values, const at::Device& device, bool require
 
 }  // namespace
 
+namespace {
+
+const GptqCheckpoint& open_checkpoint(const std::string& dir) {
+  // Cases of one run share a checkpoint: its files are mapped once.
+  static std::map<std::string, std::unique_ptr<GptqCheckpoint>> open;
+  auto& ckpt = open[dir];
+  if (!ckpt) ckpt = std::make_unique<GptqCheckpoint>(dir);
+  return *ckpt;
+}
+
+}  // namespace
+
 Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out) {
   Projection p;
   p.name = name;
-  const auto q = quantize_seeded_layer(c.seed, name + ".", in, out, c.gptq);
-  GptqWeight packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
+  GptqWeight packed;
+  at::Tensor checkpoint_bias;
+  if (c.checkpoint.empty()) {
+    const auto q = quantize_seeded_layer(c.seed, name + ".", in, out, c.gptq);
+    packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
+  } else {
+    const std::string module = module_name(c.layer, name);
+    auto loaded = open_checkpoint(c.checkpoint).load(module);
+    if (loaded.weight.in_features() != in || loaded.weight.out_features() != out) {
+      throw InputError(c.checkpoint + ": " + module + " is [" +
+                       std::to_string(loaded.weight.in_features()) + " -> " +
+                       std::to_string(loaded.weight.out_features()) + "]; the case expects [" +
+                       std::to_string(in) + " -> " + std::to_string(out) + "]");
+    }
+    if (c.bias && !loaded.bias.defined()) {
+      throw InputError(c.checkpoint + ": " + module + " has no bias but the case sets bias = true");
+    }
+    packed = std::move(loaded.weight);
+    checkpoint_bias = loaded.bias;
+  }
   // lora_A ~ N(0, 1/in) like peft's kaiming init; lora_B is drawn non-zero (peft starts it
   // at zero, which would make dA identically zero and the check meaningless).
   const auto a = rounded(normal_tensor(c.seed, name + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
@@ -111,8 +152,10 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   const auto b = rounded(normal_tensor(c.seed, name + ".lora_B", {out, c.rank},
                                        0.5 / std::sqrt(static_cast<double>(c.rank))),
                          c.adapter_dtype);
-  const auto bias =
-      c.bias ? rounded(normal_tensor(c.seed, name + ".bias", {out}, 0.1), c.dtype) : at::Tensor();
+  const auto bias = !c.bias ? at::Tensor()
+                    : checkpoint_bias.defined()
+                        ? checkpoint_bias.to(at::kDouble).to(c.dtype)
+                        : rounded(normal_tensor(c.seed, name + ".bias", {out}, 0.1), c.dtype);
 
   p.ref.weight_t = reference::dequantize(bridge::to_reference(packed));
   if (bias.defined()) p.ref.bias = bridge::to_matrix(bias).row(0);

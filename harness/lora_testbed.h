@@ -34,6 +34,8 @@ struct Config {
   int64_t batch;  // 0: 2-D input [seq, features]
   int64_t seq;
   GptqGenSpec gptq;
+  std::string checkpoint;  // empty: seeded layers; else base weights from this checkpoint
+  int64_t layer;           // the checkpoint's decoder layer
 
   explicit Config(const CaseSpec& spec);
   double scaling() const;

@@ -293,10 +293,30 @@ herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
 
 }  // namespace
 
-void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options) {
+namespace {
+
+// The whole file or nothing: `fill` writes into a temporary file renamed over `path`.
+template <typename Fill>
+void write_atomically(const std::string& path, Fill&& fill) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     Writer w(tmp);
+    fill(w);
+    w.close();
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw DumpError("cannot write " + path);
+  }
+}
+
+}  // namespace
+
+void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options) {
+  write_atomically(path, [&](Writer& w) {
     w.attribute("/", "format", std::string(kDumpFormat));
     w.attribute("/", "schema_version", static_cast<int64_t>(kDumpSchemaVersion));
     w.attribute("/", "gradscope_version", report.version);
@@ -311,15 +331,15 @@ void write_dump(const std::string& path, const RunReport& report, const DumpOpti
       if (options.failing_only && c.passed()) continue;
       write_case(w, c, options);
     }
-    w.close();
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw DumpError("cannot write " + path);
-  }
+  });
+}
+
+void write_arrays(const std::string& path, const std::map<std::string, std::string>& attributes,
+                  const std::vector<std::pair<std::string, TensorData>>& datasets) {
+  write_atomically(path, [&](Writer& w) {
+    for (const auto& [name, value] : attributes) w.attribute("/", name, value);
+    for (const auto& [name, data] : datasets) w.dataset("/", name, data);
+  });
 }
 
 Dump read_dump(const std::string& path) {

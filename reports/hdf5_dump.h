@@ -25,6 +25,11 @@ struct DumpOptions {
 // identical bytes: HDF5 object timestamps are switched off.
 void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options);
 
+// Named arrays at the root of a new HDF5 file (string attributes on the root), for
+// offline analysis with h5py, e.g. `gradscope dequant --out W.h5`. Atomic like write_dump.
+void write_arrays(const std::string& path, const std::map<std::string, std::string>& attributes,
+                  const std::vector<std::pair<std::string, TensorData>>& datasets);
+
 struct DumpDataset {
   std::string path;   // "/<case id>/layer0/mlp/gate_proj/lora_A.grad/prod"
   std::string dtype;  // the original dtype (attribute "dtype")

@@ -22,6 +22,12 @@ bool is_supported_bits(int bits);  // 2, 3, 4, 8
 inline int max_code(int bits) {
   return (1 << bits) - 1;
 }
+// in_features and out_features must be multiples of this to pack whole words: 32 / bits,
+// and 32 for 3 bits (32 codes share 3 words).
+inline int64_t packing_multiple(int bits) {
+  return bits == 3 ? 32 : 32 / bits;
+}
+
 // Number of groups for in_features K: 1 for group_size -1, else ceil(K / group_size).
 int64_t num_groups(int64_t in_features, int group_size);
 
