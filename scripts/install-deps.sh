@@ -7,7 +7,9 @@ APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libcli11-de
               libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
               clang libclang-rt-dev libomp-dev)  # clang: the sanitizer + libFuzzer job
 TORCH_VERSION=2.11.0
-PY_PACKAGES=(h5py)  # the users' reader of dumps; tests check it reads them
+# h5py: the users' reader of dumps; safetensors: Hugging Face's checkpoint library. Tests
+# check both read what gradscope writes (and gradscope reads what safetensors writes).
+PY_PACKAGES=(h5py safetensors)
 PYTHON=${PYTHON:-python3}
 
 missing=()

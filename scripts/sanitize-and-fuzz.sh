@@ -3,11 +3,11 @@
 # (CPU only) runs the GoogleTest binaries, then each libFuzzer target runs for a bounded time
 # from its committed seed corpus (tests/fuzz/corpus/NAME). Any sanitizer report, test failure
 # or fuzzer crash fails the job; a crashing input is left in build-sanitize/fuzz-findings.
-#   FUZZ_SECONDS (default 60) bounds each fuzzer; BUILD_DIR defaults to build-sanitize.
+#   FUZZ_SECONDS (default 45) bounds each fuzzer; BUILD_DIR defaults to build-sanitize.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-sanitize}
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+FUZZ_SECONDS=${FUZZ_SECONDS:-45}
 JOBS=${JOBS:-$(nproc)}
 
 start=$SECONDS
@@ -16,7 +16,7 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelW
   -DGRADSCOPE_WITH_CUDA=OFF -DGRADSCOPE_SANITIZE=ON -DGRADSCOPE_FUZZ=ON >"$BUILD_DIR/configure.log" 2>&1 ||
   { cat "$BUILD_DIR/configure.log"; exit 1; }
 cmake --build "$BUILD_DIR" -j "$JOBS" --target gradscope_tests reference_tests gradscope \
-  case_file_fuzzer dump_reader_fuzzer
+  case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer
 echo "sanitize-and-fuzz: build $((SECONDS - start)) s"
 
 # libtorch and libhdf5 are not instrumented; container-overflow checks need every
@@ -32,7 +32,7 @@ echo "sanitize-and-fuzz: tests under ASan+UBSan $((SECONDS - start)) s"
 
 findings="$BUILD_DIR/fuzz-findings"
 mkdir -p "$findings"
-for fuzzer in case_file_fuzzer dump_reader_fuzzer; do
+for fuzzer in case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer; do
   corpus="$BUILD_DIR/fuzz-corpus/${fuzzer%_fuzzer}"
   mkdir -p "$corpus"
   start=$SECONDS
