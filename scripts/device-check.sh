@@ -5,7 +5,8 @@
 # builds, runs the CTest suite and the smoke and gpu suites with --device cuda, and
 # writes every log and JSON report into the given folder.
 # STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
-# "killmatrix": every fault on the gpu suite); GPU_FILES picks case files (default all).
+# "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
+# baselines); GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
 has_step() { [[ $STEPS == *" $1 "* ]]; }
@@ -48,6 +49,9 @@ if has_step memcheck && command -v compute-sanitizer >/dev/null; then
   # Out-of-bounds reads or writes in the kernels (dequant of every width, SwiGLU, the fused ops).
   run memcheck timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --filter '*.fp16.*act*'
+fi
+if has_step bench; then
+  run bench "$BUILD_DIR/gradscope_bench" --json "$OUT/bench.json"
 fi
 if has_step killmatrix; then
   run killmatrix python3 scripts/kill-matrix.py "$BUILD_DIR/gradscope" --suite gpu --device cuda \
