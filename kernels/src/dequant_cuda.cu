@@ -43,8 +43,16 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
                                     const int32_t* __restrict__ g_idx, Out* __restrict__ out,
                                     int64_t K, int64_t N, int64_t G, bool v1, bool out_in_layout,
                                     int fault) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  // The block's 32 groups first: every thread needs them, and with them in shared memory
+  // the per-row scale and zero loads below no longer wait on a g_idx load each.
+  __shared__ int64_t groups[kRowsPerBlock];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
+  if (threadIdx.x < kRowsPerBlock) {
+    const int64_t k = row0 + threadIdx.x;
+    groups[threadIdx.x] = k < K ? dequant_faults::group(k, K, G, g_idx, fault) : 0;
+  }
+  __syncthreads();
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   const int64_t total_words = K * kBits / 32;
   uint32_t words[kBits + 1];
@@ -58,17 +66,19 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
   const bool zero_two = packed_bits::straddles(zero_pos.shift, kBits);
   const int zero_offset = dequant_faults::zero_offset(v1, fault);
   const int64_t scale_n = dequant_faults::scale_column(n, N, fault);
+  const int rows = static_cast<int>(K - row0 < kRowsPerBlock ? K - row0 : kRowsPerBlock);
 #pragma unroll
   for (int j = 0; j < kRowsPerBlock; ++j) {
+    if (j >= rows) break;
     const int64_t k = row0 + j;
-    if (k >= K) break;
     const int bit = (j * kBits & ~31) + dequant_faults::shift(j * kBits & 31, fault);
     const uint32_t high = dequant_faults::keep_high_word(fault) ? words[(bit >> 5) + 1] : 0u;
     const uint32_t code = packed_bits::read_field(words[bit >> 5], high, bit & 31, kBits);
-    const int64_t g = dequant_faults::group(k, K, G, g_idx, fault);
+    const int64_t g = groups[j];
     const uint32_t* zrow = qzeros + g * zero_words;
     const uint32_t zero_field = packed_bits::read_field(
-        zrow[zero_pos.word], zero_two ? zrow[zero_pos.word + 1] : 0u, zero_pos.shift, kBits);
+        __ldg(zrow + zero_pos.word), zero_two ? __ldg(zrow + zero_pos.word + 1) : 0u,
+        zero_pos.shift, kBits);
     const int zero = static_cast<int>(zero_field) + zero_offset;
     const float value =
         to_float(scales[g * N + scale_n]) * static_cast<float>(static_cast<int>(code) - zero);

@@ -273,6 +273,47 @@ at::Tensor as_float_view(const at::Tensor& words, at::ScalarType view_dtype) {
   return words.view(view_dtype);
 }
 
+namespace {
+
+// The g_idx range check reduces on the GPU and waits for the result: a host sync per
+// dequant. A training step dequantizes the same frozen layers again and again, so a CUDA
+// g_idx already checked and not written since (same storage, view and version counter)
+// is not checked again. The weak reference keeps a freed storage's identity from being
+// reused by a new tensor while the entry lives.
+struct CheckedGIdx {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t offset, numel, version, groups;
+};
+
+std::vector<CheckedGIdx>& checked_g_idx() {
+  thread_local std::vector<CheckedGIdx> cache;
+  return cache;
+}
+
+bool g_idx_already_checked(const at::Tensor& g_idx, int64_t groups) {
+  if (!g_idx.is_cuda()) return false;  // a CPU check costs microseconds and no sync
+  auto& cache = checked_g_idx();
+  for (auto& e : cache) {
+    const auto storage = e.storage.lock();
+    if (storage.get() == g_idx.storage().unsafeGetStorageImpl() &&
+        e.offset == g_idx.storage_offset() && e.numel == g_idx.numel() &&
+        e.version == g_idx._version() && e.groups == groups) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void remember_g_idx_checked(const at::Tensor& g_idx, int64_t groups) {
+  if (!g_idx.is_cuda()) return;
+  auto& cache = checked_g_idx();
+  if (cache.size() >= 256) cache.erase(cache.begin());
+  cache.push_back({g_idx.storage().getWeakStorageImpl(), g_idx.storage_offset(), g_idx.numel(),
+                   g_idx._version(), groups});
+}
+
+}  // namespace
+
 void validate_gptq_weight(const GptqWeight& w) {
   check_bits(w.bits);
   const auto qweight = as_packed_words(w.qweight, "qweight");
@@ -301,11 +342,12 @@ void validate_gptq_weight(const GptqWeight& w) {
     TORCH_CHECK(t.device() == device, "gptq: ", name, " is on ", t.device(), " but qweight is on ",
                 device);
   }
-  if (K > 0) {
+  if (K > 0 && !g_idx_already_checked(w.g_idx, G)) {
     const auto [lo, hi] = at::aminmax(w.g_idx);
     const int64_t lo_v = lo.item<int64_t>(), hi_v = hi.item<int64_t>();
     TORCH_CHECK(lo_v >= 0 && hi_v < G, "gptq: g_idx values must lie in [0, ", G,
                 ") (the number of scale groups), got range [", lo_v, ", ", hi_v, "]");
+    remember_g_idx_checked(w.g_idx, G);
   }
 }
 
