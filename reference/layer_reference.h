@@ -1,0 +1,56 @@
+// fp64 reference of the rest of a Llama decoder layer: RMSNorm, rotary position embedding
+// (Hugging Face's rotate-half pairing), causal grouped-query attention, and the whole
+// layer composed with the LoRA references. Forward and hand-written backward on Eigen
+// matrices with rows = tokens (batch-major: row b * seq + t); checked against finite
+// differences in tests/layer_reference_test.cpp.
+#pragma once
+
+#include "reference/lora_reference.h"
+
+namespace gradscope::reference {
+
+// y = x / sqrt(mean(x^2) + eps) * weight, per row. The weight is frozen (no gradient).
+struct RmsNorm {
+  Eigen::RowVectorXd weight;
+  double eps = 1e-6;
+};
+Matrix rmsnorm_forward(const Matrix& x, const RmsNorm& norm);
+Matrix rmsnorm_backward(const Matrix& x, const Matrix& dy, const RmsNorm& norm);  // dx
+
+// Shape of the attention inputs: q [batch * seq, heads * head_dim], k and v
+// [batch * seq, kv_heads * head_dim]; query head h reads key/value head h / (heads / kv_heads).
+struct AttentionShape {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  double rope_theta = 10000.0;
+};
+
+// Rotates each head's pairs (i, i + head_dim / 2) by position * theta^(-2i / head_dim);
+// the position of row b * seq + t is t. `heads` is the number of heads in x's columns.
+Matrix rope_forward(const Matrix& x, const AttentionShape& s, int64_t heads);
+// The transpose (inverse) rotation: dx from dy.
+Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads);
+
+// softmax(q k^T / sqrt(head_dim) + causal mask) v per (batch, query head).
+Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v,
+                         const AttentionShape& s);
+struct AttentionGrads {
+  Matrix dq, dk, dv;
+};
+AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix& v,
+                                  const Matrix& dout, const AttentionShape& s);
+
+// One decoder layer: h = x + o_proj(attention(rope(q), rope(k), v)) with q, k, v =
+// qkv(rmsnorm1(x)); out = h + mlp(rmsnorm2(h)). Dropout is off inside the layer.
+struct Layer {
+  RmsNorm input_norm, post_attention_norm;
+  Projection q, k, v, o, gate, up, down;
+};
+struct LayerGrads {
+  Matrix dx;
+  ProjectionGrads q, k, v, o, gate, up, down;
+};
+Matrix layer_forward(const Matrix& x, const Layer& layer, const AttentionShape& s);
+LayerGrads layer_backward(const Matrix& x, const Matrix& dy, const Layer& layer,
+                          const AttentionShape& s);
+
+}  // namespace gradscope::reference

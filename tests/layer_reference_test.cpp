@@ -1,0 +1,118 @@
+// The decoder-layer pieces of the fp64 reference (RMSNorm, RoPE, causal GQA attention,
+// the whole layer) against central finite differences, like the LoRA ops. No torch.
+#include <gtest/gtest.h>
+
+#include "reference/layer_reference.h"
+#include "reference_grad_check.h"
+
+namespace gradscope::reference {
+namespace {
+
+using testing::dot;
+using testing::expect_directional;
+using testing::random_projection;
+using testing::Rng;
+
+// batch 2, seq 5, 4 query heads over 2 key/value heads of width 4: GQA and the causal
+// mask both matter, and every position gets a different rotation.
+const AttentionShape kShape{2, 5, 4, 2, 4};
+
+RmsNorm random_norm(Rng& rng, int64_t width) {
+  RmsNorm n;
+  n.weight = (1.0 + 0.3 * rng.normal(1, width).array()).matrix().row(0);
+  n.eps = 1e-5;
+  return n;
+}
+
+TEST(LayerReferenceGrad, RmsNorm) {
+  Rng rng(1);
+  Matrix x = rng.normal(6, 8);
+  const Matrix dy = rng.normal(6, 8);
+  const auto norm = random_norm(rng, 8);
+  const Matrix dx = rmsnorm_backward(x, dy, norm);
+  expect_directional([&] { return dot(dy, rmsnorm_forward(x, norm)); }, x, dx, rng, "dx");
+}
+
+TEST(LayerReferenceGrad, RopeIsARotation) {
+  Rng rng(2);
+  const int64_t width = kShape.heads * kShape.head_dim;
+  Matrix x = rng.normal(kShape.batch * kShape.seq, width);
+  const Matrix dy = rng.normal(x.rows(), width);
+  const Matrix y = rope_forward(x, kShape, kShape.heads);
+  EXPECT_NEAR(y.norm(), x.norm(), 1e-12);                 // rotations keep lengths
+  EXPECT_NEAR((y.row(0) - x.row(0)).norm(), 0.0, 1e-15);  // position 0 is not rotated
+  EXPECT_GT((y.row(1) - x.row(1)).norm(), 1e-3);
+  const Matrix dx = rope_backward(dy, kShape, kShape.heads);
+  expect_directional([&] { return dot(dy, rope_forward(x, kShape, kShape.heads)); }, x, dx, rng,
+                     "dx");
+}
+
+TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
+  Rng rng(3);
+  const int64_t rows = kShape.batch * kShape.seq;
+  Matrix q = rng.normal(rows, kShape.heads * kShape.head_dim);
+  Matrix k = rng.normal(rows, kShape.kv_heads * kShape.head_dim);
+  Matrix v = rng.normal(rows, kShape.kv_heads * kShape.head_dim);
+  const Matrix dout = rng.normal(rows, q.cols());
+  const auto g = attention_backward(q, k, v, dout, kShape);
+  const auto f = [&] { return dot(dout, attention_forward(q, k, v, kShape)); };
+  expect_directional(f, q, g.dq, rng, "dq");
+  expect_directional(f, k, g.dk, rng, "dk");
+  expect_directional(f, v, g.dv, rng, "dv");
+  // Causality: the first token of a sequence attends to itself only.
+  const Matrix out = attention_forward(q, k, v, kShape);
+  EXPECT_NEAR((out.block(0, 0, 1, kShape.head_dim) - v.block(0, 0, 1, kShape.head_dim)).norm(), 0.0,
+              1e-12);
+}
+
+TEST(LayerReferenceGrad, WholeLayer) {
+  Rng rng(4);
+  const int64_t hidden = kShape.heads * kShape.head_dim, kv = kShape.kv_heads * kShape.head_dim;
+  const int64_t inter = 24, r = 3, rows = kShape.batch * kShape.seq;
+  Layer l;
+  l.input_norm = random_norm(rng, hidden);
+  l.post_attention_norm = random_norm(rng, hidden);
+  l.q = random_projection(rng, hidden, hidden, r, false);
+  l.k = random_projection(rng, hidden, kv, r, false);
+  l.v = random_projection(rng, hidden, kv, r, false);
+  l.o = random_projection(rng, hidden, hidden, r, false);
+  l.gate = random_projection(rng, hidden, inter, r, false);
+  l.up = random_projection(rng, hidden, inter, r, false);
+  l.down = random_projection(rng, inter, hidden, r, false);
+  Matrix x = rng.normal(rows, hidden);
+  const Matrix dy = rng.normal(rows, hidden);
+  const auto g = layer_backward(x, dy, l, kShape);
+  const auto f = [&] { return dot(dy, layer_forward(x, l, kShape)); };
+  expect_directional(f, x, g.dx, rng, "dx");
+  const std::pair<Projection*, const ProjectionGrads*> projections[] = {
+      {&l.q, &g.q},       {&l.k, &g.k},   {&l.v, &g.v},      {&l.o, &g.o},
+      {&l.gate, &g.gate}, {&l.up, &g.up}, {&l.down, &g.down}};
+  for (const auto& [p, pg] : projections) {
+    expect_directional(f, p->lora_A, pg->dA, rng, "dA");
+    expect_directional(f, p->lora_B, pg->dB, rng, "dB");
+  }
+}
+
+// The check is not vacuous: dropping RMSNorm's second term is caught.
+TEST(LayerReferenceGradCheck, DetectsAnRmsNormBackwardWithoutItsMeanTerm) {
+  Rng rng(5);
+  Matrix x = rng.normal(3, 8);
+  const Matrix dy = rng.normal(3, 8);
+  const auto norm = random_norm(rng, 8);
+  Matrix wrong(3, 8);
+  for (int64_t t = 0; t < 3; ++t) {
+    const double r = 1.0 / std::sqrt(x.row(t).squaredNorm() / 8 + norm.eps);
+    wrong.row(t) = r * dy.row(t).cwiseProduct(norm.weight);
+  }
+  const Matrix v = rng.normal(3, 8);
+  const double eps = 1e-6;
+  const Matrix saved = x;
+  x = saved + eps * v;
+  const double plus = dot(dy, rmsnorm_forward(x, norm));
+  x = saved - eps * v;
+  const double minus = dot(dy, rmsnorm_forward(x, norm));
+  EXPECT_GT(std::abs((plus - minus) / (2 * eps) - dot(wrong, v)), 1e-3);
+}
+
+}  // namespace
+}  // namespace gradscope::reference
