@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "gradscope/decoder_layer.h"
 #include "gradscope/gptq_format.h"
 #include "gradscope/lora_ops.h"
 
@@ -21,5 +22,9 @@ at::Tensor lora_linear(const at::Tensor& x, const LoraProjection& proj, const Lo
 at::Tensor lora_mlp(const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,
                     const LoraProjection& down, const LoraDropout& dropout_x,
                     const LoraDropout& dropout_h);
+
+// The decoder layer of gradscope/decoder_layer.h with the unfused LoRA ops above, its own
+// RMSNorm and RoPE, key/value heads repeated for attention (ATen's, as in prod).
+at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer);
 
 }  // namespace gradscope::baseline

@@ -44,5 +44,6 @@ std::unique_ptr<CaseRunner> make_dequant_runner();
 std::unique_ptr<CaseRunner> make_lora_w_runner();
 std::unique_ptr<CaseRunner> make_qkv_runner();
 std::unique_ptr<CaseRunner> make_mlp_runner();
+std::unique_ptr<CaseRunner> make_layer_runner();
 
 }  // namespace gradscope

@@ -122,16 +122,18 @@ const GptqCheckpoint& open_checkpoint(const std::string& dir) {
 
 }  // namespace
 
-Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out) {
+Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out,
+                           int64_t layer) {
   Projection p;
   p.name = name;
+  const std::string stream = (layer > 0 ? "layers." + std::to_string(layer) + "." : "") + name;
   GptqWeight packed;
   at::Tensor checkpoint_bias;
   if (c.checkpoint.empty()) {
-    const auto q = quantize_seeded_layer(c.seed, name + ".", in, out, c.gptq);
+    const auto q = quantize_seeded_layer(c.seed, stream + ".", in, out, c.gptq);
     packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
   } else {
-    const std::string module = module_name(c.layer, name);
+    const std::string module = module_name(c.layer + layer, name);
     auto loaded = open_checkpoint(c.checkpoint).load(module);
     if (loaded.weight.in_features() != in || loaded.weight.out_features() != out) {
       throw InputError(c.checkpoint + ": " + module + " is [" +
@@ -147,15 +149,16 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   }
   // lora_A ~ N(0, 1/in) like peft's kaiming init; lora_B is drawn non-zero (peft starts it
   // at zero, which would make dA identically zero and the check meaningless).
-  const auto a = rounded(normal_tensor(c.seed, name + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
-                         c.adapter_dtype);
-  const auto b = rounded(normal_tensor(c.seed, name + ".lora_B", {out, c.rank},
+  const auto a =
+      rounded(normal_tensor(c.seed, stream + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
+              c.adapter_dtype);
+  const auto b = rounded(normal_tensor(c.seed, stream + ".lora_B", {out, c.rank},
                                        0.5 / std::sqrt(static_cast<double>(c.rank))),
                          c.adapter_dtype);
   const auto bias = !c.bias ? at::Tensor()
                     : checkpoint_bias.defined()
                         ? checkpoint_bias.to(at::kDouble).to(c.dtype)
-                        : rounded(normal_tensor(c.seed, name + ".bias", {out}, 0.1), c.dtype);
+                        : rounded(normal_tensor(c.seed, stream + ".bias", {out}, 0.1), c.dtype);
 
   p.ref.weight_t = reference::dequantize(bridge::to_reference(packed));
   if (bias.defined()) p.ref.bias = bridge::to_matrix(bias).row(0);

@@ -53,7 +53,10 @@ struct Projection {
   LoraProjection base;
   reference::Projection ref;
 };
-Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out);
+// `layer` > 0 (a stack of layers) draws from streams "layers.<layer>.<name>..." and reads
+// the checkpoint's layer c.layer + layer; layer 0 keeps the single-op kinds' streams.
+Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out,
+                           int64_t layer = 0);
 
 // An activation or output gradient: prod's and the baseline's copies (leaves that
 // require grad when asked) and the reference's values [tokens, features].

@@ -12,6 +12,7 @@ const std::vector<std::unique_ptr<CaseRunner>>& registry() {
     r.push_back(make_lora_w_runner());
     r.push_back(make_qkv_runner());
     r.push_back(make_mlp_runner());
+    r.push_back(make_layer_runner());
     return r;
   }();
   return runners;

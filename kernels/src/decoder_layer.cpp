@@ -1,0 +1,60 @@
+#include "gradscope/decoder_layer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace gradscope {
+namespace {
+
+// cos and sin [seq, head_dim] of the rotate-half convention, in fp32 then x's dtype.
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq, int64_t head_dim, double theta,
+                                              const at::Tensor& like) {
+  const auto f32 = like.options().dtype(at::kFloat);
+  const auto inv_freq =
+      at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim)).reciprocal();
+  const auto angles = at::outer(at::arange(seq, f32), inv_freq);
+  const auto both = at::cat({angles, angles}, -1);
+  return {both.cos().to(like.scalar_type()), both.sin().to(like.scalar_type())};
+}
+
+// x [batch, heads, seq, head_dim]: x cos + rotate_half(x) sin.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto x32 = x.to(at::kFloat);
+  const auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
+  TORCH_CHECK(x.dim() == 3, "decoder_layer: x must be [batch, seq, hidden], got ", x.sizes());
+  TORCH_CHECK(
+      l.heads > 0 && l.kv_heads > 0 && l.heads % l.kv_heads == 0 && x.size(2) % l.heads == 0,
+      "decoder_layer: ", l.heads, " heads and ", l.kv_heads, " key/value heads do not fit hidden ",
+      x.size(2));
+  const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
+  const int64_t head_dim = hidden / l.heads;
+  const auto n1 = rms_norm(x, l.input_norm, l.norm_eps);
+  const auto qkv = lora_qkv(n1, l.q, l.k, l.v);
+  const auto heads = [&](const at::Tensor& t, int64_t n) {
+    return t.view({batch, seq, n, head_dim}).transpose(1, 2);
+  };
+  const auto [cos, sin] = rope_tables(seq, head_dim, l.rope_theta, x);
+  const auto q = apply_rope(heads(qkv[0], l.heads), cos, sin);
+  const auto k = apply_rope(heads(qkv[1], l.kv_heads), cos, sin);
+  const auto v = heads(qkv[2], l.kv_heads);
+  const auto attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
+                                                     1.0 / std::sqrt(static_cast<double>(head_dim)),
+                                                     /*enable_gqa=*/l.heads != l.kv_heads);
+  const auto h = x + lora_w(attn.transpose(1, 2).reshape({batch, seq, hidden}), l.o);
+  return h + lora_mlp(rms_norm(h, l.post_attention_norm, l.norm_eps), l.gate, l.up, l.down);
+}
+
+}  // namespace gradscope
