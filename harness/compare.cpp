@@ -140,6 +140,21 @@ double ulp(double magnitude, at::ScalarType dtype) {
   return dtype_epsilon(dtype) * std::ldexp(1.0, std::ilogb(magnitude));
 }
 
+namespace {
+
+// The three values at flat index `flat` (fp64 tensors of one shape), with its index.
+report::WorstElement element_at(int64_t flat, const at::Tensor& prod, const at::Tensor& base,
+                                const at::Tensor& ref) {
+  report::WorstElement e;
+  e.index = unravel_index(flat, prod.sizes());
+  e.prod = prod.view(-1)[flat].item<double>();
+  e.ref = ref.view(-1)[flat].item<double>();
+  e.base = base.view(-1)[flat].item<double>();
+  return e;
+}
+
+}  // namespace
+
 report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
                             const at::Tensor& base_in, const at::Tensor& ref_in,
                             at::ScalarType compute_dtype, bool keep_tensors, double ratio) {
@@ -170,12 +185,7 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
     const auto bad = t.isfinite().logical_not();
     const int64_t count = bad.sum().item<int64_t>();
     if (count == 0) continue;
-    const int64_t flat = bad.view(-1).nonzero()[0][0].item<int64_t>();
-    report::WorstElement worst;
-    worst.index = unravel_index(flat, prod.sizes());
-    worst.prod = prod.view(-1)[flat].item<double>();
-    worst.ref = ref.view(-1)[flat].item<double>();
-    worst.base = base.view(-1)[flat].item<double>();
+    const auto worst = element_at(bad.view(-1).nonzero()[0][0].item<int64_t>(), prod, base, ref);
     check.worst = worst;
     check.mismatches = count;
     check.max_abs = std::numeric_limits<double>::quiet_NaN();
@@ -218,13 +228,7 @@ report::Check compare_ratio(const std::string& path, const at::Tensor& prod_in,
   check.passed = !degenerate && check.max_abs <= check.limit;
 
   if (check.numel > 0) {
-    const int64_t flat = diff.argmax().item<int64_t>();
-    report::WorstElement worst;
-    worst.index = unravel_index(flat, prod.sizes());
-    worst.prod = prod.view(-1)[flat].item<double>();
-    worst.ref = ref.view(-1)[flat].item<double>();
-    worst.base = base.view(-1)[flat].item<double>();
-    check.worst = worst;
+    check.worst = element_at(diff.argmax().item<int64_t>(), prod, base, ref);
   }
   if (check.passed) return check;
   std::ostringstream msg;

@@ -371,13 +371,8 @@ void export_checkpoint(const ExportOptions& o) {
                      std::to_string(o.heads) + " and --kv-heads " + std::to_string(o.kv_heads) +
                      " do not divide");
   }
-  QuantizeOptions q;
-  q.bits = o.bits;
-  q.group_size = o.group_size;
-  q.sym = o.sym;
-  q.desc_act = o.desc_act;
-  q.static_groups = o.static_groups;
-  q.min_zero = o.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
+  const auto q =
+      quantize_options(o.bits, o.group_size, o.sym, o.desc_act, o.static_groups, o.format);
   for (const char* p : kProjections) {
     const auto [in, out] = projection_shape(dims, p);
     if (in % packing_multiple(o.bits) != 0 || out % packing_multiple(o.bits) != 0) {

@@ -79,14 +79,21 @@ QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, 
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const GptqGenSpec& spec) {
+  return quantize_seeded_layer(seed, prefix, K, N,
+                               quantize_options(spec.bits, spec.group_size, spec.sym, spec.desc_act,
+                                                spec.static_groups, spec.format));
+}
+
+QuantizeOptions quantize_options(int bits, int group_size, bool sym, bool desc_act,
+                                 bool static_groups, ZeroPointFormat format) {
   QuantizeOptions options;
-  options.bits = spec.bits;
-  options.group_size = spec.group_size;
-  options.sym = spec.sym;
-  options.desc_act = spec.desc_act;
-  options.static_groups = spec.static_groups;
-  options.min_zero = spec.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
-  return quantize_seeded_layer(seed, prefix, K, N, options);
+  options.bits = bits;
+  options.group_size = group_size;
+  options.sym = sym;
+  options.desc_act = desc_act;
+  options.static_groups = static_groups;
+  options.min_zero = format == ZeroPointFormat::kGptqV1 ? 1 : 0;
+  return options;
 }
 
 }  // namespace gradscope

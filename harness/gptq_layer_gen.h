@@ -41,4 +41,9 @@ QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options);
 
+// Quantizer settings for a layer stored in `format`: v1 asks for zeros >= 1 (it cannot
+// store a zero of 0).
+QuantizeOptions quantize_options(int bits, int group_size, bool sym, bool desc_act,
+                                 bool static_groups, ZeroPointFormat format);
+
 }  // namespace gradscope

@@ -71,13 +71,7 @@ void expect_matches_regeneration(const Generated& g) {
 }
 
 QuantizeOptions options(int bits, int group, bool desc_act, bool sym, ZeroPointFormat f) {
-  QuantizeOptions q;
-  q.bits = bits;
-  q.group_size = group;
-  q.desc_act = desc_act;
-  q.sym = sym;
-  q.min_zero = f == ZeroPointFormat::kGptqV1 ? 1 : 0;
-  return q;
+  return quantize_options(bits, group, sym, desc_act, /*static_groups=*/false, f);
 }
 
 TEST(Checkpoint, CommittedFixturesMatchTheirRegeneration) {
