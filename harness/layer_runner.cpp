@@ -100,11 +100,8 @@ class LayerRunner final : public CaseRunner {
         L.projections.push_back(tb::make_projection(c, name, io.first, io.second, i + 1));
       }
       const auto norm = [&](const char* name) {
-        const auto w =
-            (normal_tensor(c.seed, "layers." + std::to_string(i + 1) + "." + name, {hidden}, 0.1) +
-             1.0)
-                .to(c.dtype);
-        return w;
+        const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
+        return (normal_tensor(c.seed, stream, {hidden}, 0.1) + 1.0).to(c.dtype);
       };
       L.input_norm = norm("input_norm");
       L.post_attention_norm = norm("post_attention_norm");
@@ -129,11 +126,9 @@ class LayerRunner final : public CaseRunner {
     tb::Measure ref_time(c, /*track_memory=*/false);
     std::vector<reference::Matrix> ref_inputs;
     reference::Matrix hr = x.ref;
-    std::vector<reference::Matrix> ref_outputs;
     for (const auto& L : stack) {
       ref_inputs.push_back(hr);
       hr = reference::layer_forward(hr, L.ref, shape);
-      ref_outputs.push_back(hr);
     }
     std::vector<reference::LayerGrads> ref_grads(n_layers);
     std::vector<reference::Matrix> ref_dys(n_layers);
@@ -192,6 +187,7 @@ class LayerRunner final : public CaseRunner {
           pass(tb::Impl::kBase, i, h, i + 1 == n_layers ? dy.base : as_input(ref_dys[i], false));
     }
     base_time.finish("base", result.metrics);
+    tb::Measure ref_layers_time(c, /*track_memory=*/false);
     for (int64_t i = 0; i < n_layers; ++i) {
       // The reference of layer i on exactly the rounded input and gradient prod saw.
       const auto h =
@@ -206,6 +202,7 @@ class LayerRunner final : public CaseRunner {
       ref_out[i] = reference::layer_forward(h, stack[i].ref, shape);
       ref_grads[i] = reference::layer_backward(h, dyi, stack[i].ref, shape);
     }
+    ref_layers_time.finish("ref_layers", result.metrics);
 
     std::vector<report::Check> checks;
     const auto append = [&](tb::Checks& part) {
