@@ -34,23 +34,27 @@ TEST(DequantCpu, HandComputedLayerInBothZeroConventions) {
   }
 }
 
-// On CUDA the g_idx range check runs once per unchanged tensor (it costs a host sync);
-// a write into g_idx, or a new tensor, must be checked again.
-TEST(DequantCuda, GIdxRangeIsRecheckedAfterAWrite) {
-  if (!built_with_cuda() || !at::hasCUDA()) GTEST_SKIP() << "no CUDA GPU here";
-  auto w = hand_layer(ZeroPointFormat::kGptqV1);
-  w.qweight = w.qweight.cuda();
-  w.qzeros = w.qzeros.cuda();
-  w.scales = w.scales.cuda();
-  w.g_idx = w.g_idx.cuda();
-  EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected()));
-  EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected()));  // cached check
-  w.g_idx[3] = 5;  // in place: the version counter moves
-  EXPECT_THROW(dequantize_gptq(w, at::kFloat), c10::Error);
-  w.g_idx = at::full({8}, -1, w.g_idx.options());
-  EXPECT_THROW(dequantize_gptq(w, at::kFloat), c10::Error);
-  w.g_idx = at::zeros({8}, w.g_idx.options());
-  EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected()));
+// The g_idx range check must see every write: on CUDA it runs once per unchanged tensor
+// (it costs a host sync), so a write into g_idx, or a new tensor, must be checked again.
+// The same sequence runs on the CPU everywhere and on CUDA where a GPU is.
+TEST(Dequant, GIdxRangeIsRecheckedAfterAWrite) {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (built_with_cuda() && at::hasCUDA()) devices.push_back(at::kCUDA);
+  for (const auto& device : devices) {
+    auto w = hand_layer(ZeroPointFormat::kGptqV1);
+    w.qweight = w.qweight.to(device);
+    w.qzeros = w.qzeros.to(device);
+    w.scales = w.scales.to(device);
+    w.g_idx = w.g_idx.to(device);
+    EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected())) << device;
+    EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected())) << device;
+    w.g_idx[3] = 5;  // in place: the version counter moves
+    EXPECT_THROW(dequantize_gptq(w, at::kFloat), c10::Error) << device;
+    w.g_idx = at::full({8}, -1, w.g_idx.options());
+    EXPECT_THROW(dequantize_gptq(w, at::kFloat), c10::Error) << device;
+    w.g_idx = at::zeros({8}, w.g_idx.options());
+    EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected())) << device;
+  }
 }
 
 TEST(DequantCpu, OutInLayoutIsTheTranspose) {
