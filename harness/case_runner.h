@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct RunOutput {
   std::vector<report::Check> checks;
   std::vector<std::pair<std::string, report::TensorData>> inputs;  // when keep_tensors
   std::vector<std::pair<std::string, double>> metrics;             // reported, not gated
+  std::optional<report::LossCurve> loss_curve;                     // training kinds
 };
 
 class CaseRunner {
@@ -45,5 +47,6 @@ std::unique_ptr<CaseRunner> make_lora_w_runner();
 std::unique_ptr<CaseRunner> make_qkv_runner();
 std::unique_ptr<CaseRunner> make_mlp_runner();
 std::unique_ptr<CaseRunner> make_layer_runner();
+std::unique_ptr<CaseRunner> make_training_runner();
 
 }  // namespace gradscope

@@ -137,6 +137,7 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
     auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id, options);
     result.checks = std::move(output.checks);
     result.metrics = std::move(output.metrics);
+    result.loss_curve = std::move(output.loss_curve);
     result.inputs = std::move(output.inputs);
   } catch (const c10::Error& e) {
     report::Check error;

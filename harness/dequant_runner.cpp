@@ -189,7 +189,7 @@ class DequantRunner final : public CaseRunner {
                                        s.get_string("dtype"),
                                    prod_weight, ref_in_layout, describe, keep));
     checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
-    RunOutput out{checks, {}, {}};
+    RunOutput out{checks, {}, {}, {}};
     if (keep) {
       for (const auto& [name, t] :
            {std::pair{"qweight", packed.qweight}, std::pair{"qzeros", packed.qzeros},

@@ -5,8 +5,8 @@
 
 #include "gradscope/decoder_layer.h"
 #include "harness/aten_baseline.h"
+#include "harness/decoder_stack.h"
 #include "harness/lora_testbed.h"
-#include "harness/seeded_streams.h"
 #include "harness/tensor_bridge.h"
 #include "reference/layer_reference.h"
 
@@ -14,106 +14,35 @@ namespace gradscope {
 namespace {
 
 namespace tb = lora_testbed;
-
-constexpr double kNormEps = 1e-5;
-
-struct StackLayer {
-  std::vector<tb::Projection> projections;  // q k v o gate up down
-  at::Tensor input_norm, post_attention_norm;
-  reference::Layer ref;
-};
+namespace ds = decoder_stack;
 
 class LayerRunner final : public CaseRunner {
  public:
   std::string kind() const override { return "layer"; }
 
   std::vector<FieldSpec> fields() const override {
-    std::vector<FieldSpec> f = {
-        FieldSpec("hidden", FieldType::kInt, int64_t{128}, "hidden size = heads * head_dim")
-            .in_range(1, 1 << 16),
-        FieldSpec("intermediate", FieldType::kInt, int64_t{256}, "MLP intermediate size")
-            .in_range(1, 1 << 17),
-        FieldSpec("heads", FieldType::kInt, int64_t{4}, "query heads").in_range(1, 1024),
-        FieldSpec("kv_heads", FieldType::kInt, int64_t{2}, "key/value heads (GQA)")
-            .in_range(1, 1024),
-        FieldSpec("layers", FieldType::kInt, int64_t{2}, "decoder layers in the stack")
-            .in_range(1, 128),
-    };
+    auto f = ds::fields();
     for (auto& x : tb::fields()) f.push_back(std::move(x));
     return f;
   }
 
   std::string case_id(const CaseSpec& s) const override {
-    return "layer." + s.get_string("dtype") + ".h" + std::to_string(s.get_int("hidden")) + "i" +
-           std::to_string(s.get_int("intermediate")) + ".q" + std::to_string(s.get_int("heads")) +
-           "kv" + std::to_string(s.get_int("kv_heads")) + ".L" +
-           std::to_string(s.get_int("layers")) + tb::Config(s).id_suffix();
+    return "layer." + s.get_string("dtype") + "." + ds::Dims(s).id_part() +
+           tb::Config(s).id_suffix();
   }
 
-  void validate(const CaseSpec& s) const override {
-    tb::validate(s);
-    const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
-                  kv = s.get_int("kv_heads"), inter = s.get_int("intermediate");
-    if (hidden % heads != 0 || (hidden / heads) % 2 != 0) {
-      throw_field_error(s, "heads",
-                        "must divide hidden " + std::to_string(hidden) +
-                            " into heads of even width (RoPE pairs), got " + std::to_string(heads));
-    }
-    if (heads % kv != 0) {
-      throw_field_error(
-          s, "kv_heads",
-          "must divide heads " + std::to_string(heads) + ", got " + std::to_string(kv));
-    }
-    if (s.get_float("dropout") != 0.0) {
-      throw_field_error(s, "dropout", "must be 0 for kind layer (dropout is checked per op)");
-    }
-    if (s.get_int("batch") == 0) {
-      throw_field_error(s, "batch",
-                        "must be at least 1 for kind layer (attention needs [batch, seq])");
-    }
-    validate_gptq_shape(s, hidden, hidden, "hidden", "hidden");
-    validate_gptq_shape(s, hidden, hidden / heads * kv, "hidden", "kv_heads");
-    validate_gptq_shape(s, hidden, inter, "hidden", "intermediate");
-    validate_gptq_shape(s, inter, hidden, "intermediate", "hidden");
-  }
+  void validate(const CaseSpec& s) const override { ds::validate(s, kind()); }
 
   RunOutput run(const CaseSpec& s, const std::string& id,
                 const RunOptions& options) const override {
     const tb::Config c(s);
-    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
-    const int64_t heads = s.get_int("heads"), kv_heads = s.get_int("kv_heads");
-    const int64_t n_layers = s.get_int("layers");
-    const int64_t kv_out = hidden / heads * kv_heads;
-    const reference::AttentionShape shape{c.batch, c.seq, heads, kv_heads, hidden / heads};
+    const ds::Dims dims(s);
+    const int64_t hidden = dims.hidden, n_layers = dims.layers;
+    const auto shape = dims.attention(c);
     RunOutput result;
 
     tb::Measure generate_time(c, /*track_memory=*/false);
-    std::vector<StackLayer> stack(n_layers);
-    for (int64_t i = 0; i < n_layers; ++i) {
-      auto& L = stack[i];
-      const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
-          {"q_proj", {hidden, hidden}},   {"k_proj", {hidden, kv_out}},
-          {"v_proj", {hidden, kv_out}},   {"o_proj", {hidden, hidden}},
-          {"gate_proj", {hidden, inter}}, {"up_proj", {hidden, inter}},
-          {"down_proj", {inter, hidden}}};
-      for (const auto& [name, io] : shapes) {
-        L.projections.push_back(tb::make_projection(c, name, io.first, io.second, i + 1));
-      }
-      const auto norm = [&](const char* name) {
-        const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
-        return (normal_tensor(c.seed, stream, {hidden}, 0.1) + 1.0).to(c.dtype);
-      };
-      L.input_norm = norm("input_norm");
-      L.post_attention_norm = norm("post_attention_norm");
-      L.ref.input_norm = {bridge::to_matrix(L.input_norm.to(at::kDouble).view({1, hidden})).row(0),
-                          kNormEps};
-      L.ref.post_attention_norm = {
-          bridge::to_matrix(L.post_attention_norm.to(at::kDouble).view({1, hidden})).row(0),
-          kNormEps};
-      auto& p = L.projections;
-      L.ref.q = p[0].ref, L.ref.k = p[1].ref, L.ref.v = p[2].ref, L.ref.o = p[3].ref;
-      L.ref.gate = p[4].ref, L.ref.up = p[5].ref, L.ref.down = p[6].ref;
-    }
+    const auto stack = ds::make_stack(c, dims);
     auto x = tb::make_activation(c, "x", hidden, true);
     auto dy = tb::make_activation(c, "dy", hidden, false);
     generate_time.finish("generate", result.metrics);
@@ -153,19 +82,12 @@ class LayerRunner final : public CaseRunner {
     // output, d(input), then dA and dB of each projection; one entry per layer.
     const auto pass = [&](tb::Impl impl, int64_t i, const at::Tensor& h, const at::Tensor& dy_i) {
       const bool prod = impl == tb::Impl::kProd;
-      const auto& L = stack[i];
-      DecoderLayer d;
-      d.input_norm = L.input_norm.to(c.device);
-      d.post_attention_norm = L.post_attention_norm.to(c.device);
-      d.norm_eps = kNormEps;
-      d.heads = heads;
-      d.kv_heads = kv_heads;
-      LoraProjection* slots[] = {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down};
+      const auto d = ds::device_layer(c, dims, stack[i], impl);
+      const LoraProjection* slots[] = {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down};
       std::vector<at::Tensor> wrt = {h};
-      for (size_t j = 0; j < 7; ++j) {
-        *slots[j] = prod ? L.projections[j].prod : L.projections[j].base;
-        wrt.push_back(slots[j]->lora_A);
-        wrt.push_back(slots[j]->lora_B);
+      for (const auto* slot : slots) {
+        wrt.push_back(slot->lora_A);
+        wrt.push_back(slot->lora_B);
       }
       const auto out = prod ? decoder_layer(h, d) : baseline::decoder_layer(h, d);
       auto grads = tb::gradients({out}, wrt, {dy_i});

@@ -171,8 +171,15 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   on_device.qzeros = packed.qzeros.to(c.device);
   on_device.scales = packed.scales.to(c.device);
   on_device.g_idx = packed.g_idx.to(c.device);
+  // The baseline gets its own copy of the packed words: a prod that writes into its frozen
+  // weights (a fault) must not move the baseline with it.
+  GptqWeight base_copy = on_device;
+  for (at::Tensor* t :
+       {&base_copy.qweight, &base_copy.qzeros, &base_copy.scales, &base_copy.g_idx}) {
+    *t = t->clone();
+  }
   for (LoraProjection* impl : {&p.prod, &p.base}) {
-    impl->base = on_device;
+    impl->base = impl == &p.prod ? on_device : base_copy;
     impl->bias = bias.defined() ? bias.to(c.device) : at::Tensor();
     impl->lora_A = leaf(a, c.device, true);
     impl->lora_B = leaf(b, c.device, true);

@@ -1,6 +1,7 @@
 #include "reports/console_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -16,14 +17,32 @@ void print_ratio_table(std::ostream& out, const CaseResult& r) {
                 "status");
   out << line;
   for (const auto& c : r.checks) {
-    if (!c.baseline_max_abs) continue;
+    if (!c.gated_baseline_error()) continue;
     const std::string name =
         c.path.rfind(r.id + "/", 0) == 0 ? c.path.substr(r.id.size() + 1) : c.path;
-    const double base = *c.baseline_max_abs;
-    std::snprintf(line, sizeof line,
-                  "      %-42s %10.3g %10.3g %6.2f %10.3g %10.3g %9.2g %10.7f  %s\n", name.c_str(),
-                  c.max_abs, base, base > 0 ? c.max_abs / base : 0.0, c.limit, c.mean_abs,
-                  c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
+    const double base = *c.gated_baseline_error();
+    std::snprintf(
+        line, sizeof line, "      %-42s %10.3g %10.3g %6.2f %10.3g %10.3g %9.2g %10.7f  %s\n",
+        name.c_str(), c.gated_error(), base, base > 0 ? c.gated_error() / base : 0.0, c.limit,
+        c.mean_abs, c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
+    out << line;
+  }
+}
+
+// Every k-th step of a training case's curves (about ten rows, the last step always).
+void print_loss_curve(std::ostream& out, const LossCurve& curve) {
+  char line[256];
+  std::snprintf(line, sizeof line, "      %5s %12s %12s %12s %10s %10s %11s %11s\n", "step",
+                "loss(prod)", "loss(base)", "loss(ref)", "|prod-ref|", "|base-ref|", "gnorm(prod)",
+                "gnorm(ref)");
+  out << line;
+  const size_t n = curve.prod.size(), stride = std::max<size_t>(1, n / 10);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % stride != 0 && i + 1 != n) continue;
+    std::snprintf(
+        line, sizeof line, "      %5zu %12.6f %12.6f %12.6f %10.3g %10.3g %11.4g %11.4g\n", i,
+        curve.prod[i], curve.base[i], curve.ref[i], std::abs(curve.prod[i] - curve.ref[i]),
+        std::abs(curve.base[i] - curve.ref[i]), curve.grad_norm_prod[i], curve.grad_norm_ref[i]);
     out << line;
   }
 }
@@ -47,6 +66,15 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
     return c.baseline_max_abs.has_value();
   });
   if (has_ratio_checks && !options.quiet) print_ratio_table(out, r);
+  if (r.loss_curve) {
+    if (!options.quiet) print_loss_curve(out, *r.loss_curve);
+    out << "      "
+        << (r.loss_curve->divergence_step
+                ? "prod's loss leaves the band at step " +
+                      std::to_string(*r.loss_curve->divergence_step)
+                : std::string("prod's loss stays in the band at every step"))
+        << '\n';
+  }
   for (const auto& c : r.checks) {
     if (c.passed) continue;
     out << "      " << c.failure;

@@ -174,6 +174,21 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
   if (!o.gradients_only) {
     for (const auto& [name, data] : c.inputs) w.dataset(root + "/inputs", name, data);
   }
+  if (c.loss_curve && !o.gradients_only) {
+    const auto& lc = *c.loss_curve;
+    const std::pair<const char*, const std::vector<double>*> curves[] = {
+        {"prod", &lc.prod},
+        {"base", &lc.base},
+        {"ref", &lc.ref},
+        {"grad_norm_prod", &lc.grad_norm_prod},
+        {"grad_norm_base", &lc.grad_norm_base},
+        {"grad_norm_ref", &lc.grad_norm_ref}};
+    for (const auto& [name, values] : curves) {
+      w.dataset(root + "/loss_curve", name,
+                TensorData{"fp64", {static_cast<int64_t>(values->size())}, *values});
+    }
+    w.attribute(root + "/loss_curve", "divergence_step", lc.divergence_step.value_or(-1));
+  }
   for (const auto& check : c.checks) {
     if (!keep_check(check, o)) continue;
     const std::string group = "/" + check.path;
@@ -187,6 +202,10 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
     w.attribute(group, "limit", check.limit);
     w.attribute(group, "mismatches", check.mismatches);
     if (check.baseline_max_abs) w.attribute(group, "baseline_max_abs", *check.baseline_max_abs);
+    if (check.baseline_mean_abs) {
+      w.attribute(group, "baseline_mean_abs", *check.baseline_mean_abs);
+      w.attribute(group, "statistic", std::string(check.gate_on_mean ? "mean_abs" : "max_abs"));
+    }
     if (check.rel_fro) w.attribute(group, "rel_fro", *check.rel_fro);
     if (check.cosine) w.attribute(group, "cosine", *check.cosine);
   }

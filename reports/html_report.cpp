@@ -24,7 +24,7 @@ std::string scatter_svg(const std::vector<const Check*>& checks) {
   double lo = 0, hi = 0;
   bool first = true;
   for (const auto* c : checks) {
-    for (double v : {*c->baseline_max_abs, c->max_abs}) {
+    for (double v : {*c->gated_baseline_error(), c->gated_error()}) {
       if (v <= 0) continue;
       const double l = std::log10(v);
       lo = first ? l : std::min(lo, l);
@@ -55,12 +55,12 @@ std::string scatter_svg(const std::vector<const Check*>& checks) {
   s << "<line x1=\"" << X(a) << "\" y1=\"" << Y(2 * a) << "\" x2=\"" << X(b / 2) << "\" y2=\""
     << Y(b) << "\" stroke=\"#c44\" stroke-dasharray=\"2 2\"/>";
   for (const auto* c : checks) {
-    if (*c->baseline_max_abs <= 0 || c->max_abs <= 0) continue;
-    s << "<circle cx=\"" << X(*c->baseline_max_abs) << "\" cy=\"" << Y(c->max_abs)
+    if (*c->gated_baseline_error() <= 0 || c->gated_error() <= 0) continue;
+    s << "<circle cx=\"" << X(*c->gated_baseline_error()) << "\" cy=\"" << Y(c->gated_error())
       << "\" r=\"3.5\" fill=\"" << (c->passed ? "#2a6fdb" : "#d22")
       << "\" fill-opacity=\"0.7\"><title>" << escape_markup(c->path) << ": err(prod) "
-      << format_number(c->max_abs) << ", err(base) " << format_number(*c->baseline_max_abs)
-      << "</title></circle>";
+      << format_number(c->gated_error()) << ", err(base) "
+      << format_number(*c->gated_baseline_error()) << "</title></circle>";
   }
   s << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
     << "\" font-size=\"11\" text-anchor=\"middle\">err(base) = max |base - ref|</text>"
@@ -137,8 +137,8 @@ std::string to_html(const RunReport& report) {
     int64_t failed = 0;
     for (const auto& check : c.checks) {
       failed += check.passed ? 0 : 1;
-      if (check.baseline_max_abs && *check.baseline_max_abs > 0)
-        worst = std::max(worst, check.max_abs / *check.baseline_max_abs);
+      const auto base = check.gated_baseline_error();
+      if (base && *base > 0) worst = std::max(worst, check.gated_error() / *base);
     }
     h << "<tr><td class=\"l\"><a href=\"#" << escape_markup(c.id) << "\">" << escape_markup(c.id)
       << "</a></td><td class=\"" << (c.passed() ? "pass\">pass" : "fail\">FAIL") << "</td><td>"
@@ -159,13 +159,11 @@ std::string to_html(const RunReport& report) {
     for (const auto& check : c.checks) {
       const std::string name =
           check.path.rfind(c.id + "/", 0) == 0 ? check.path.substr(c.id.size() + 1) : check.path;
-      const bool ratio = check.baseline_max_abs.has_value();
+      const auto base = check.gated_baseline_error();
       h << "<tr><td class=\"l\">" << escape_markup(name) << "</td><td>"
-        << format_number(check.max_abs) << "</td><td>"
-        << (ratio ? format_number(*check.baseline_max_abs) : "exact") << "</td><td>"
-        << (ratio && *check.baseline_max_abs > 0
-                ? format_number(check.max_abs / *check.baseline_max_abs)
-                : "&ndash;")
+        << format_number(check.gated_error()) << "</td><td>"
+        << (base ? format_number(*base) : "exact") << "</td><td>"
+        << (base && *base > 0 ? format_number(check.gated_error() / *base) : "&ndash;")
         << "</td><td>" << format_number(check.limit) << "</td><td>" << format_number(check.mean_abs)
         << "</td><td>" << (check.rel_fro ? format_number(*check.rel_fro) : "&ndash;") << "</td><td>"
         << (check.cosine ? cosine_text(*check.cosine) : "&ndash;") << "</td><td class=\""

@@ -25,6 +25,10 @@ nlohmann::ordered_json check_json(const Check& c) {
                               {"max_abs", c.max_abs},
                               {"mean_abs", c.mean_abs},
                               {"baseline_max_abs", optional_number(c.baseline_max_abs)},
+                              {"baseline_mean_abs", optional_number(c.baseline_mean_abs)},
+                              {"statistic", c.exact          ? "exact"
+                                            : c.gate_on_mean ? "mean_abs"
+                                                             : "max_abs"},
                               {"limit", c.limit},
                               {"rel_fro", optional_number(c.rel_fro)},
                               {"cosine", optional_number(c.cosine)}};
@@ -48,6 +52,23 @@ nlohmann::ordered_json metrics_json(const std::vector<std::pair<std::string, dou
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   for (const auto& [name, value] : metrics) out[name] = value;
   return out;
+}
+
+nlohmann::ordered_json loss_curve_json(const std::optional<LossCurve>& curve) {
+  if (!curve) return nullptr;
+  std::vector<int64_t> steps(curve->prod.size());
+  for (size_t i = 0; i < steps.size(); ++i) steps[i] = static_cast<int64_t>(i);
+  return {
+      {"steps", steps},
+      {"prod", curve->prod},
+      {"base", curve->base},
+      {"ref", curve->ref},
+      {"grad_norm",
+       {{"prod", curve->grad_norm_prod},
+        {"base", curve->grad_norm_base},
+        {"ref", curve->grad_norm_ref}}},
+      {"divergence_step", curve->divergence_step ? nlohmann::ordered_json(*curve->divergence_step)
+                                                 : nlohmann::ordered_json(nullptr)}};
 }
 
 }  // namespace
@@ -74,6 +95,7 @@ nlohmann::ordered_json to_json(const RunReport& report) {
                      {"spec", spec_json(c.spec)},
                      {"checks", checks},
                      {"metrics", metrics_json(c.metrics)},
+                     {"loss_curve", loss_curve_json(c.loss_curve)},
                      {"replay", c.replay}});
   }
   j["cases"] = cases;

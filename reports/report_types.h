@@ -58,10 +58,14 @@ struct Check {
   int64_t mismatches = 0;  // exact: differing elements; else outside assert_close's default
   double max_abs = 0;      // max |prod - ref|
   double mean_abs = 0;
-  std::optional<double> baseline_max_abs;  // max |base - ref|; none for exact checks
-  double limit = 0;                        // the largest max_abs that passes
-  std::optional<double> rel_fro;           // ||prod - ref|| / ||ref||
-  std::optional<double> cosine;            // <prod, ref> / (||prod|| ||ref||)
+  std::optional<double> baseline_max_abs;   // max |base - ref|; none for exact checks
+  std::optional<double> baseline_mean_abs;  // mean |base - ref|; none for exact checks
+  // The ratio rule's err(): the max |x - ref| (default) or, where the per-element errors
+  // are heavy-tailed, the mean.
+  bool gate_on_mean = false;
+  double limit = 0;               // the largest max_abs that passes
+  std::optional<double> rel_fro;  // ||prod - ref|| / ||ref||
+  std::optional<double> cosine;   // <prod, ref> / (||prod|| ||ref||)
   std::optional<WorstElement> worst;
   std::string failure;                  // assert_close-style message; empty when passed
   std::optional<CheckTensors> tensors;  // kept only when a dump was asked for
@@ -69,11 +73,24 @@ struct Check {
   // [10^(kErrorBinLow + i kErrorBinStep), 10^(kErrorBinLow + (i+1) kErrorBinStep)); the
   // first bin also takes exact zeros and anything smaller, the last anything larger.
   std::vector<int64_t> error_histogram;
+
+  double gated_error() const { return gate_on_mean ? mean_abs : max_abs; }
+  std::optional<double> gated_baseline_error() const {
+    return gate_on_mean ? baseline_mean_abs : baseline_max_abs;
+  }
 };
 
 inline constexpr double kErrorBinLow = -10.0;
 inline constexpr double kErrorBinStep = 0.5;
 inline constexpr int kErrorBins = 28;  // up to 10^4
+
+// A training case's curves, one entry per optimizer step (taken before the step updates
+// the adapters): the mean loss and the L2 norm over every adapter gradient.
+struct LossCurve {
+  std::vector<double> prod, base, ref;
+  std::vector<double> grad_norm_prod, grad_norm_base, grad_norm_ref;
+  std::optional<int64_t> divergence_step;  // first step whose loss check failed
+};
 
 struct CaseResult {
   std::string id;
@@ -86,6 +103,7 @@ struct CaseResult {
   std::string replay;  // command that runs just this case
   // Figures reported, not gated: peak memory, timings.
   std::vector<std::pair<std::string, double>> metrics;
+  std::optional<LossCurve> loss_curve;  // training cases
   double seconds = 0;
 
   bool passed() const {

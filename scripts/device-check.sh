@@ -6,7 +6,8 @@
 # writes every log and JSON report into the given folder.
 # STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
 # "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
-# baselines); GPU_FILES picks case files (default all).
+# baselines; "training": the training and training-gpu suites with --device cuda, and the
+# multi-step faults on the small training cases); GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
 has_step() { [[ $STEPS == *" $1 "* ]]; }
@@ -43,6 +44,14 @@ for file in ${GPU_FILES-cases/gpu/*.toml}; do
   run "gpu_$name" timeout "$left" "$BUILD_DIR/gradscope" run "$file" --device cuda \
     --filter "${GPU_FILTER:-*}" --json "$OUT/gpu_$name.json"
 done
+if has_step training; then
+  run training_cuda "$BUILD_DIR/gradscope" run --suite training --device cuda --json "$OUT/training_cuda.json"
+  for fault in zeros-rewritten-in-backward lora-B-overwritten-by-grad; do
+    # Must exit 1: the fault shows only after the first step.
+    run "fault_$fault" bash -c "! $BUILD_DIR/gradscope run cases/smoke/training.toml --device cuda --quiet --inject $fault"
+  done
+  run training_gpu "$BUILD_DIR/gradscope" run --suite training-gpu --device cuda --json "$OUT/training_gpu.json"
+fi
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
 has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep}"
 if has_step memcheck && command -v compute-sanitizer >/dev/null; then

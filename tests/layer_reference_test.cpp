@@ -10,19 +10,13 @@ namespace {
 
 using testing::dot;
 using testing::expect_directional;
-using testing::random_projection;
+using testing::random_layer;
+using testing::random_norm;
 using testing::Rng;
 
 // batch 2, seq 5, 4 query heads over 2 key/value heads of width 4: GQA and the causal
 // mask both matter, and every position gets a different rotation.
 const AttentionShape kShape{2, 5, 4, 2, 4};
-
-RmsNorm random_norm(Rng& rng, int64_t width) {
-  RmsNorm n;
-  n.weight = (1.0 + 0.3 * rng.normal(1, width).array()).matrix().row(0);
-  n.eps = 1e-5;
-  return n;
-}
 
 TEST(LayerReferenceGrad, RmsNorm) {
   Rng rng(1);
@@ -67,18 +61,8 @@ TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
 
 TEST(LayerReferenceGrad, WholeLayer) {
   Rng rng(4);
-  const int64_t hidden = kShape.heads * kShape.head_dim, kv = kShape.kv_heads * kShape.head_dim;
-  const int64_t inter = 24, r = 3, rows = kShape.batch * kShape.seq;
-  Layer l;
-  l.input_norm = random_norm(rng, hidden);
-  l.post_attention_norm = random_norm(rng, hidden);
-  l.q = random_projection(rng, hidden, hidden, r, false);
-  l.k = random_projection(rng, hidden, kv, r, false);
-  l.v = random_projection(rng, hidden, kv, r, false);
-  l.o = random_projection(rng, hidden, hidden, r, false);
-  l.gate = random_projection(rng, hidden, inter, r, false);
-  l.up = random_projection(rng, hidden, inter, r, false);
-  l.down = random_projection(rng, inter, hidden, r, false);
+  const int64_t hidden = kShape.heads * kShape.head_dim, rows = kShape.batch * kShape.seq;
+  Layer l = random_layer(rng, kShape, /*intermediate=*/24, /*rank=*/3);
   Matrix x = rng.normal(rows, hidden);
   const Matrix dy = rng.normal(rows, hidden);
   const auto g = layer_backward(x, dy, l, kShape);

@@ -7,7 +7,7 @@
 #include <functional>
 #include <random>
 
-#include "reference/lora_reference.h"
+#include "reference/layer_reference.h"
 
 namespace gradscope::reference::testing {
 
@@ -39,6 +39,28 @@ inline Projection random_projection(Rng& rng, int64_t in, int64_t out, int64_t r
   p.lora_B = rng.normal(out, r, 0.5);
   p.scaling = 1.7;
   return p;
+}
+
+inline RmsNorm random_norm(Rng& rng, int64_t width) {
+  RmsNorm n;
+  n.weight = (1.0 + 0.3 * rng.normal(1, width).array()).matrix().row(0);
+  n.eps = 1e-5;
+  return n;
+}
+
+inline Layer random_layer(Rng& rng, const AttentionShape& s, int64_t intermediate, int64_t r) {
+  const int64_t hidden = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  Layer l;
+  l.input_norm = random_norm(rng, hidden);
+  l.post_attention_norm = random_norm(rng, hidden);
+  l.q = random_projection(rng, hidden, hidden, r, false);
+  l.k = random_projection(rng, hidden, kv, r, false);
+  l.v = random_projection(rng, hidden, kv, r, false);
+  l.o = random_projection(rng, hidden, hidden, r, false);
+  l.gate = random_projection(rng, hidden, intermediate, r, false);
+  l.up = random_projection(rng, hidden, intermediate, r, false);
+  l.down = random_projection(rng, intermediate, hidden, r, false);
+  return l;
 }
 
 inline double dot(const Matrix& a, const Matrix& b) {

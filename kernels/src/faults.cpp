@@ -51,6 +51,12 @@ const std::vector<FaultInfo>& fault_catalogue() {
        "gate_proj/lora_A.grad"},
       {Fault::kHalfPrecisionAccumulation, "half-precision-accumulation", "lora backward, dA",
        "lora_A.grad in fp16/bf16 cases (sums rounded to the dtype at every token)", "lora_A.grad"},
+      {Fault::kZerosRewrittenInBackward, "zeros-rewritten-in-backward",
+       "lora backward, after dX (a load-time conversion run on every call)",
+       "the frozen qzeros, so every forward after the first backward", "gptq/qzeros"},
+      {Fault::kLoraBOverwrittenByGrad, "lora-B-overwritten-by-grad",
+       "lora backward, dB written through lora_B's storage",
+       "lora_B itself (its gradient stays right): the next step starts from dB", "lora_B"},
   };
   return catalogue;
 }

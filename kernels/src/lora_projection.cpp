@@ -166,6 +166,16 @@ ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
   g.dB = at::addmm(at::empty({dy2.size(1), xa.size(1)}, dy2.options()), dy2.t(), xa, /*beta=*/0,
                    /*alpha=*/f.scaling)
              .to(lora_b.scalar_type());
+  if (fault_active(Fault::kZerosRewrittenInBackward)) {
+    // Every stored zero field + 1 (mod 2^bits), written back into the frozen words.
+    auto words = as_packed_words(f.base.qzeros, "qzeros");
+    const auto fields = unpack_columns(words.cpu(), f.base.bits, f.base.out_features());
+    const auto bumped = (fields + 1).bitwise_and((1 << f.base.bits) - 1);
+    words.copy_(pack_columns(bumped, f.base.bits));
+  }
+  if (fault_active(Fault::kLoraBOverwrittenByGrad)) {
+    lora_b.copy_(g.dB);
+  }
   return g;
 }
 

@@ -27,6 +27,9 @@ enum class Fault {
   kDxMissingAdapterTerm,                     // dX = dY W only
   kSwigluDerivativeMissingTerm,  // d silu/de = sigmoid(e), the e (1 - sigmoid(e)) term lost
   kHalfPrecisionAccumulation,    // dA accumulated token by token in the activation dtype
+  // Faults that leave every gradient of the step right and break the next step.
+  kZerosRewrittenInBackward,  // the v1 -> v2 zero conversion (field + 1) run in place per backward
+  kLoraBOverwrittenByGrad,    // dB written into lora_B's own storage
 };
 
 struct FaultInfo {
