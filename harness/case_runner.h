@@ -48,5 +48,6 @@ std::unique_ptr<CaseRunner> make_qkv_runner();
 std::unique_ptr<CaseRunner> make_mlp_runner();
 std::unique_ptr<CaseRunner> make_layer_runner();
 std::unique_ptr<CaseRunner> make_training_runner();
+std::unique_ptr<CaseRunner> make_fsdp_runner();
 
 }  // namespace gradscope

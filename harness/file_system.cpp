@@ -1,9 +1,15 @@
 #include "harness/file_system.h"
 
 #include <dirent.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 namespace gradscope::files {
 namespace {
@@ -59,6 +65,23 @@ std::string parent_directory(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  if (!mkdtemp(templ.data())) {
+    throw std::runtime_error("cannot create a scratch folder " + templ + ": " +
+                             std::strerror(errno));
+  }
+  return templ;
+}
+
+void remove_scratch_dir(const std::string& dir) {
+  for (const auto& f : find_files(dir, "")) {
+    if (parent_directory(f) == dir) std::remove(f.c_str());
+  }
+  rmdir(dir.c_str());
 }
 
 }  // namespace gradscope::files

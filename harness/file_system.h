@@ -18,5 +18,9 @@ std::vector<std::string> subdirectories(const std::string& dir);
 std::vector<std::string> find_files(const std::string& dir, const std::string& suffix);
 // The folder a path names a file in ("." for a bare file name).
 std::string parent_directory(const std::string& path);
+// A new private folder under $TMPDIR (or /tmp) named <prefix>-XXXXXX; throws on failure.
+std::string make_temp_dir(const std::string& prefix);
+// Removes the regular files directly inside `dir`, then `dir` (scratch folders).
+void remove_scratch_dir(const std::string& dir);
 
 }  // namespace gradscope::files

@@ -152,7 +152,12 @@ at::ScalarType scalar_type(const std::string& dtype) {
   return at::kFloat;
 }
 
-safetensors::OutputTensor to_output(const std::string& name, const at::Tensor& t) {
+constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+
+}  // namespace
+
+safetensors::OutputTensor to_safetensors(const std::string& name, const at::Tensor& t) {
   const auto c = t.contiguous().cpu();
   safetensors::OutputTensor out;
   out.name = name;
@@ -162,10 +167,11 @@ safetensors::OutputTensor to_output(const std::string& name, const at::Tensor& t
   return out;
 }
 
-constexpr const char* kProjections[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                        "gate_proj", "up_proj", "down_proj"};
-
-}  // namespace
+at::Tensor from_safetensors(const safetensors::File& file, const safetensors::TensorEntry& e) {
+  auto t = at::empty(e.shape, at::TensorOptions().dtype(scalar_type(e.dtype)));
+  if (t.nbytes() > 0) std::memcpy(t.data_ptr(), file.data(e), t.nbytes());
+  return t;
+}
 
 std::string module_name(int64_t layer, const std::string& projection) {
   const bool attention = projection == "q_proj" || projection == "k_proj" ||
@@ -270,9 +276,7 @@ at::Tensor GptqCheckpoint::read(const std::string& name, const char* const* dtyp
     throw InputError(file.path() + ": " + name + " has " + std::to_string(e->shape.size()) +
                      " dimensions; expected " + std::to_string(rank));
   }
-  auto t = at::empty(e->shape, at::TensorOptions().dtype(scalar_type(e->dtype)));
-  if (t.nbytes() > 0) std::memcpy(t.data_ptr(), file.data(*e), t.nbytes());
-  return t;
+  return from_safetensors(file, *e);
 }
 
 GptqCheckpoint::Layer GptqCheckpoint::load(const std::string& module) const {
@@ -393,10 +397,10 @@ void export_checkpoint(const ExportOptions& o) {
         const std::string name = module_name(layer, p);
         const auto packed = pack_gptq(quantize_seeded_layer(o.seed, name + ".", in, out, q), o.bits,
                                       o.format, at::kHalf);
-        shard.push_back(to_output(name + ".qweight", packed.qweight));
-        shard.push_back(to_output(name + ".qzeros", packed.qzeros));
-        shard.push_back(to_output(name + ".scales", packed.scales));
-        shard.push_back(to_output(name + ".g_idx", packed.g_idx));
+        shard.push_back(to_safetensors(name + ".qweight", packed.qweight));
+        shard.push_back(to_safetensors(name + ".qzeros", packed.qzeros));
+        shard.push_back(to_safetensors(name + ".scales", packed.scales));
+        shard.push_back(to_safetensors(name + ".g_idx", packed.g_idx));
       }
     }
     const std::map<std::string, std::string> meta = {{"format", "pt"},

@@ -32,6 +32,11 @@ struct ModelDims {
 
 // The module name of a projection: model.layers.<i>.self_attn.q_proj, ...mlp.down_proj.
 std::string module_name(int64_t layer, const std::string& projection);
+
+// One tensor as a safetensors entry: contiguous host bytes, I32, F16, BF16 or F32.
+safetensors::OutputTensor to_safetensors(const std::string& name, const at::Tensor& t);
+// A stored tensor's bytes as a host tensor of its dtype (I32, F16, BF16, else F32).
+at::Tensor from_safetensors(const safetensors::File& file, const safetensors::TensorEntry& e);
 // [in_features, out_features] of a projection of this model.
 std::pair<int64_t, int64_t> projection_shape(const ModelDims& dims, const std::string& projection);
 

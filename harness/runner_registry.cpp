@@ -14,6 +14,7 @@ const std::vector<std::unique_ptr<CaseRunner>>& registry() {
     r.push_back(make_mlp_runner());
     r.push_back(make_layer_runner());
     r.push_back(make_training_runner());
+    r.push_back(make_fsdp_runner());
     return r;
   }();
   return runners;

@@ -3,7 +3,7 @@
 # Idempotent: it installs only what is missing, so a second run does nothing.
 set -euo pipefail
 
-APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libcli11-dev
+APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libgloo-dev libcli11-dev
               libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
               clang libclang-rt-dev libomp-dev)  # clang: the sanitizer + libFuzzer job
 TORCH_VERSION=2.11.0

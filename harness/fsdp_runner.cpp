@@ -1,0 +1,365 @@
+// kind = "fsdp": a LoRA MLP (gate, up, down QuantLinear modules) sharded over c10d the way
+// FSDP shards it (FSDP1 flat parameters or FSDP2 per-parameter dim-0 shards), world_size
+// ranks as threads in this process, each with its own ProcessGroupGloo over one in-memory
+// store. Each rank all-gathers, runs forward and backward on its slice of the tokens,
+// reduce-scatters the adapter gradients and releases the full parameters. Checks: the
+// gathered packed words bit for bit on every rank; the summed adapter gradients against the
+// unsharded run and the fp64 reference (ratio rule); a state dict saved from the shards and
+// reloaded, bit for bit, with words whose float view is a NaN or a subnormal; the cast guard
+// refusing a shard that was numerically cast.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "gradscope/fsdp_shards.h"
+#include "gradscope/quant_linear.h"
+#include "harness/compare.h"
+#include "harness/dtype_names.h"
+#include "harness/file_system.h"
+#include "harness/gptq_checkpoint.h"
+#include "harness/lora_testbed.h"
+#include "harness/tensor_bridge.h"
+
+namespace gradscope {
+namespace {
+
+namespace tb = lora_testbed;
+using report::SpecValue;
+
+// Words whose fp32, fp16 or bf16 views are NaNs with payloads, signalling NaNs, subnormals
+// and negative zero: a cast or a canonicalising copy changes them, a byte copy does not.
+constexpr uint32_t kSpecialWords[] = {0x7fc00001u, 0xff800001u, 0x00000001u, 0x807fffffu,
+                                      0x7f817c01u, 0x00010001u, 0xffff7fffu, 0x80008000u};
+
+// Plants the special words in the first row of qweight (prod's and base's copies) and
+// re-derives the reference weight: any 32-bit word is a valid set of codes.
+void plant_special_words(tb::Projection& p) {
+  const int64_t n = std::min<int64_t>(p.prod.base.qweight.size(1), std::size(kSpecialWords));
+  for (auto* w : {&p.prod.base, &p.base.base}) {
+    auto row = w->qweight[0];
+    for (int64_t i = 0; i < n; ++i) row[i].fill_(static_cast<int32_t>(kSpecialWords[i]));
+  }
+  p.ref.weight_t = reference::dequantize(bridge::to_reference(p.prod.base));
+}
+
+struct FsdpConfig {
+  int64_t world_size;
+  ShardingStrategy strategy;
+  std::string storage;  // int32 or the float view dtype
+  explicit FsdpConfig(const CaseSpec& s)
+      : world_size(s.get_int("world_size")),
+        strategy(s.get_string("sharding") == "flat" ? ShardingStrategy::kFlat
+                                                     : ShardingStrategy::kPerParameter),
+        storage(s.get_string("storage")) {}
+  bool float_view() const { return storage != "int32"; }
+};
+
+// What one rank reports back.
+struct RankResult {
+  std::vector<report::Check> checks;
+  std::vector<at::Tensor> adapter_grads;  // summed over ranks, full (rank 0)
+  std::string error;
+};
+
+const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
+
+// Bit-for-bit comparison of any two tensors of one dtype through an integer view of their
+// bytes (a float compare would call two equal NaN payloads different and 0 equal to -0).
+report::Check compare_bits(const std::string& path, const std::string& compared,
+                           const at::Tensor& got, const at::Tensor& want) {
+  const auto bits = [](const at::Tensor& t) {
+    const auto c = t.contiguous().cpu();
+    switch (c.element_size()) {
+      case 2:
+        return c.view(at::kShort);
+      case 4:
+        return c.view(at::kInt);
+      default:
+        return c.view(at::kLong);
+    }
+  };
+  if (got.scalar_type() != want.scalar_type()) {
+    report::Check check = compare_exact(path, compared, bits(got), bits(want).to(at::kLong));
+    check.passed = false;
+    check.failure = path + ": dtype " + bridge::dtype_name(got.scalar_type()) + ", expected " +
+                    bridge::dtype_name(want.scalar_type());
+    return check;
+  }
+  return compare_exact(path, compared, bits(got), bits(want).to(at::kLong));
+}
+
+class FsdpRunner final : public CaseRunner {
+ public:
+  std::string kind() const override { return "fsdp"; }
+
+  std::vector<FieldSpec> fields() const override {
+    const auto s = [](const char* v) { return SpecValue(std::string(v)); };
+    std::vector<FieldSpec> f = {
+        FieldSpec("hidden", FieldType::kInt, int64_t{256}, "hidden size").in_range(1, 1 << 16),
+        FieldSpec("intermediate", FieldType::kInt, int64_t{512}, "MLP intermediate size")
+            .in_range(1, 1 << 17),
+        FieldSpec("world_size", FieldType::kInt, int64_t{2}, "ranks (threads, one Gloo group)")
+            .in_range(1, 64),
+        FieldSpec("sharding", FieldType::kString, s("flat"),
+                  "flat: FSDP1 flat parameters per dtype; per_param: FSDP2 dim-0 shards")
+            .one_of({s("flat"), s("per_param")}),
+        FieldSpec("storage", FieldType::kString, s("bf16"),
+                  "packed words in int32 buffers (replicated) or as a float view (sharded)")
+            .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}),
+        FieldSpec("param_dtype", FieldType::kString, s(""),
+                  "the mixed-precision policy's parameter dtype; empty: the storage dtype"),
+    };
+    for (auto& x : tb::fields()) f.push_back(std::move(x));
+    return f;
+  }
+
+  std::string case_id(const CaseSpec& s) const override {
+    const FsdpConfig f(s);
+    return "fsdp." + s.get_string("dtype") + ".h" + std::to_string(s.get_int("hidden")) + "i" +
+           std::to_string(s.get_int("intermediate")) + ".w" + std::to_string(f.world_size) +
+           "." + s.get_string("sharding") + "." + f.storage + tb::Config(s).id_suffix();
+  }
+
+  void validate(const CaseSpec& s) const override {
+    tb::validate(s);
+    const FsdpConfig f(s);
+    const tb::Config c(s);
+    if (c.tokens() % f.world_size != 0) {
+      throw_field_error(s, "world_size",
+                        "must divide the " + std::to_string(c.tokens()) +
+                            " tokens (each rank takes an equal slice), got " +
+                            std::to_string(f.world_size));
+    }
+    const std::string param_dtype = s.get_string("param_dtype");
+    if (!param_dtype.empty() && param_dtype != "fp32" && param_dtype != "fp16" &&
+        param_dtype != "bf16") {
+      throw_field_error(s, "param_dtype", "must be fp32, fp16, bf16 or empty, got \"" +
+                                              param_dtype + "\"");
+    }
+    if (f.float_view() && !param_dtype.empty() && param_dtype != f.storage) {
+      throw_field_error(s, "param_dtype",
+                        "is " + param_dtype + " but the packed words are stored as a " +
+                            f.storage + " view: the policy would cast them numerically and "
+                            "destroy them; store them as " + param_dtype +
+                            " (storage) or keep param_dtype = \"" + f.storage + "\"");
+    }
+    if (s.get_string("device") != "cpu") {
+      throw_field_error(s, "device",
+                        "must be cpu for kind fsdp (ranks over Gloo; NCCL on GPUs is not wired "
+                        "into the harness yet)");
+    }
+    if (s.get_float("dropout") != 0.0) {
+      throw_field_error(s, "dropout", "must be 0 for kind fsdp (dropout is checked per op)");
+    }
+    if (!s.get_string("checkpoint").empty()) {
+      throw_field_error(s, "checkpoint", "must be empty for kind fsdp");
+    }
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    validate_gptq_shape(s, hidden, inter, "hidden", "intermediate");
+    validate_gptq_shape(s, inter, hidden, "intermediate", "hidden");
+  }
+
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
+    const tb::Config c(s);
+    const FsdpConfig f(s);
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    RunOutput result;
+
+    tb::Measure generate_time(c, /*track_memory=*/false);
+    std::vector<tb::Projection> p = {tb::make_projection(c, "gate_proj", hidden, inter),
+                                     tb::make_projection(c, "up_proj", hidden, inter),
+                                     tb::make_projection(c, "down_proj", inter, hidden)};
+    for (auto& proj : p) plant_special_words(proj);
+    auto x = tb::make_activation(c, "x", hidden, false);
+    auto dy = tb::make_activation(c, "dy", hidden, false);
+    generate_time.finish("generate", result.metrics);
+
+    // Unsharded: prod's fused op on all tokens, and the reference.
+    tb::Measure unsharded_time(c);
+    const auto x2 = x.prod.reshape({-1, hidden});
+    auto y = lora_mlp(x2, p[0].prod, p[1].prod, p[2].prod);
+    const auto unsharded =
+        tb::gradients({y}, {p[0].prod.lora_A, p[0].prod.lora_B, p[1].prod.lora_A,
+                            p[1].prod.lora_B, p[2].prod.lora_A, p[2].prod.lora_B},
+                      {dy.prod.reshape({-1, hidden})});
+    unsharded_time.finish("unsharded", result.metrics);
+    const reference::Dropout none;
+    const auto ref = reference::mlp_backward(x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none,
+                                             none);
+
+    tb::Measure sharded_time(c);
+    const auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<RankResult> ranks(f.world_size);
+    const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < f.world_size; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          run_rank(c, f, id, p, x2, dy.prod.reshape({-1, hidden}), store, r, scratch, ranks[r]);
+        } catch (const std::exception& e) {
+          ranks[r].error = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    files::remove_scratch_dir(scratch);
+    sharded_time.finish("sharded", result.metrics);
+    for (int64_t r = 0; r < f.world_size; ++r) {
+      if (!ranks[r].error.empty()) {
+        throw std::runtime_error("fsdp rank " + std::to_string(r) + ": " + ranks[r].error);
+      }
+      for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
+    }
+    const reference::ProjectionGrads* refs[] = {&ref.gate, &ref.up, &ref.down};
+    for (size_t j = 0; j < 3; ++j) {
+      const auto& g = ranks[0].adapter_grads;
+      const std::string base = id + "/layer0/mlp/" + kNames[j] + "/";
+      // prod: the sharded run's summed gradients; base: the unsharded run's. The sharded
+      // sum adds per-rank partial sums in another order, no more.
+      result.checks.push_back(compare_ratio(
+          base + "lora_A.grad", g[2 * j], unsharded[2 * j],
+          bridge::to_tensor(refs[j]->dA).reshape(p[j].prod.lora_A.sizes()), c.dtype,
+          options.keep_tensors));
+      result.checks.push_back(compare_ratio(
+          base + "lora_B.grad", g[2 * j + 1], unsharded[2 * j + 1],
+          bridge::to_tensor(refs[j]->dB).reshape(p[j].prod.lora_B.sizes()), c.dtype,
+          options.keep_tensors));
+    }
+    return result;
+  }
+
+ private:
+  static void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id,
+                       const std::vector<tb::Projection>& p, const at::Tensor& x2,
+                       const at::Tensor& dy2, const c10::intrusive_ptr<c10d::HashStore>& store,
+                       int64_t r, const std::string& scratch, RankResult& out) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    const auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, static_cast<int>(r), static_cast<int>(f.world_size), opts);
+    const std::string where = id + "/rank" + std::to_string(r) + "/";
+
+    QuantLinearOptions qo;
+    qo.storage = f.float_view() ? PackedStorage::kFloatParameters : PackedStorage::kInt32Buffers;
+    if (f.float_view()) qo.view_dtype = dtype_from_name(f.storage);
+    qo.rank = c.rank;
+    qo.scaling = c.scaling();
+    qo.adapter_dtype = c.adapter_dtype;
+    std::vector<QuantLinear> modules;
+    std::vector<at::Tensor> frozen, adapters, frozen_before;
+    std::vector<std::string> frozen_names;
+    for (const auto& proj : p) {
+      modules.emplace_back(proj.prod.base, at::Tensor(), qo);
+      auto& m = modules.back();
+      {
+        const at::NoGradGuard no_grad;
+        m->lora_A.copy_(proj.prod.lora_A);
+        m->lora_B.copy_(proj.prod.lora_B);
+      }
+      for (const auto& item : m->named_parameters()) {
+        if (item.key() == "lora_A" || item.key() == "lora_B") {
+          adapters.push_back(item.value());
+        } else {
+          frozen.push_back(item.value());
+          frozen_before.push_back(item.value().detach().clone());
+          frozen_names.push_back(std::string(kNames[modules.size() - 1]) + "." + item.key());
+        }
+      }
+    }
+    // Buffers (int32 storage) stay replicated, as FSDP leaves buffers unsharded.
+    std::unique_ptr<ShardedParameters> frozen_shards;
+    if (!frozen.empty()) {
+      frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend);
+    }
+    ShardedParameters adapter_shards(adapters, f.strategy, backend);
+
+    if (frozen_shards) frozen_shards->gather();
+    adapter_shards.gather();
+    for (size_t j = 0; j < modules.size(); ++j) {
+      const auto words = modules[j]->packed();
+      const auto& original = p[j].prod.base;
+      const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
+      out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
+                                         words.qweight, original.qweight.to(at::kLong)));
+      out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
+                                         words.qzeros, original.qzeros.to(at::kLong)));
+      out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
+                                         words.scales, original.scales.to(at::kDouble)));
+    }
+    // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
+    const int64_t slice = x2.size(0) / f.world_size;
+    const auto projection = [&](size_t j) {
+      return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
+                            modules[j]->lora_B, c.scaling()};
+    };
+    const auto y = lora_mlp(x2.narrow(0, r * slice, slice), projection(0), projection(1),
+                            projection(2));
+    y.backward(dy2.narrow(0, r * slice, slice));
+    std::vector<at::Tensor> grads;
+    for (const auto& a : adapters) grads.push_back(a.grad());
+    const auto grad_shards = adapter_shards.reduce_scatter(grads);
+    adapter_shards.release();
+    if (frozen_shards) frozen_shards->release();
+    const auto summed = adapter_shards.gather_copy(grad_shards);
+    if (r == 0) out.adapter_grads = summed;
+
+    // A state dict from the shards (every rank gathers; rank 0 writes and reloads it).
+    const auto full = frozen_shards ? frozen_shards->gather_copy(frozen_shards->shards())
+                                    : std::vector<at::Tensor>{};
+    if (r == 0 && !full.empty()) {
+      std::vector<safetensors::OutputTensor> tensors;
+      for (size_t i = 0; i < full.size(); ++i) {
+        tensors.push_back(to_safetensors(frozen_names[i], full[i]));
+      }
+      const std::string path = scratch + "/state_dict.safetensors";
+      safetensors::write_file(path, tensors, {});
+      const safetensors::File file(path);
+      for (size_t i = 0; i < full.size(); ++i) {
+        out.checks.push_back(compare_bits(id + "/state_dict/" + frozen_names[i],
+                                          "reloaded from a state dict of the shards vs before "
+                                          "sharding",
+                                          from_safetensors(file, *file.find(frozen_names[i])),
+                                          frozen_before[i]));
+      }
+    }
+
+    // The cast guard: a numeric round trip of one shard through another float dtype (a
+    // mixed-precision policy that casts) must be refused by name, not computed on.
+    if (frozen_shards) {
+      auto& shard = frozen_shards->shards().front();
+      const auto other = shard.scalar_type() == at::kHalf ? at::kBFloat16 : at::kHalf;
+      const auto saved = shard.clone();
+      shard.copy_(shard.to(other).to(shard.scalar_type()));
+      frozen_shards->gather();
+      std::string message;
+      try {
+        for (auto& m : modules) m->check_packed_intact();
+      } catch (const c10::Error& e) {
+        message = e.what_without_backtrace();
+      }
+      // Refused, and by the name of a packed tensor.
+      const bool named = message.find("qweight") != std::string::npos ||
+                         message.find("qzeros") != std::string::npos ||
+                         message.find("scales") != std::string::npos ||
+                         message.find("g_idx") != std::string::npos;
+      out.checks.push_back(expect_rejection(
+          where + "cast_guard", "a numerically cast shard refused by name", named,
+          message.empty() ? "the words were cast and nothing noticed" : "message: " + message));
+      shard.copy_(saved);
+      frozen_shards->release();
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CaseRunner> make_fsdp_runner() {
+  return std::make_unique<FsdpRunner>();
+}
+
+}  // namespace gradscope

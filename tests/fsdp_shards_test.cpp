@@ -1,0 +1,95 @@
+// ShardedParameters over real c10d Gloo groups (ranks as threads): shard sizes, released
+// storage, bit-exact gathers of float views with NaN and subnormal patterns, and the
+// reduce-scatter sum, for both of FSDP's strategies.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <functional>
+#include <thread>
+
+#include "gradscope/fsdp_shards.h"
+
+namespace gradscope {
+namespace {
+
+void on_ranks(int world, const std::function<void(c10::intrusive_ptr<c10d::Backend>, int)>& fn) {
+  const auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(60));
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        fn(c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, opts), r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Words as a bf16 view [3, 10] (odd sizes: padding on every strategy), NaN payloads and
+// subnormals among them, and an fp32 adapter [5, 3].
+std::vector<at::Tensor> parameters() {
+  auto words = at::arange(15, at::kInt).mul_(0x01010101);
+  words[0] = static_cast<int32_t>(0x7fc00001);  // fp32 NaN with payload; bf16 halves NaN
+  words[1] = 0x00010001;                        // subnormal halves
+  words[2] = static_cast<int32_t>(0xff817c01);
+  return {words.view(at::kBFloat16).view({3, 10}),
+          at::arange(15, at::kFloat).view({5, 3}) * 0.5};
+}
+
+at::Tensor bits(const at::Tensor& t) {
+  return t.contiguous().view(t.element_size() == 2 ? at::kShort : at::kInt);
+}
+
+class ShardedParametersTest : public ::testing::TestWithParam<ShardingStrategy> {};
+
+TEST_P(ShardedParametersTest, ShardsReleaseGatherAndReduceScatter) {
+  for (int world : {2, 3}) {
+    on_ranks(world, [&](c10::intrusive_ptr<c10d::Backend> backend, int rank) {
+      const auto original = parameters();
+      std::vector<at::Tensor> params;
+      for (const auto& p : original) params.push_back(p.clone());
+      ShardedParameters sharded(params, GetParam(), backend);
+      // Only this rank's part is kept: 1/world of each (padded) parameter or dtype group.
+      for (const auto& p : params) EXPECT_EQ(p.numel(), 0);
+      if (GetParam() == ShardingStrategy::kFlat) {
+        ASSERT_EQ(sharded.shards().size(), 2u);  // one flat buffer per dtype
+        EXPECT_EQ(sharded.shards()[0].numel(), (30 + world - 1) / world);
+        EXPECT_EQ(sharded.shards()[1].numel(), (15 + world - 1) / world);
+      } else {
+        ASSERT_EQ(sharded.shards().size(), 2u);
+        EXPECT_EQ(sharded.shards()[0].size(0), (3 + world - 1) / world);
+        EXPECT_EQ(sharded.shards()[1].size(0), (5 + world - 1) / world);
+      }
+      sharded.gather();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(at::equal(bits(params[i]), bits(original[i]))) << "param " << i;
+      }
+      // Rank r contributes (r + 1) * g: the sum is g * world (world + 1) / 2.
+      std::vector<at::Tensor> grads;
+      for (const auto& p : original) grads.push_back(at::ones_like(p, at::kFloat) * (rank + 1));
+      const auto summed = sharded.gather_copy(sharded.reduce_scatter(grads));
+      for (size_t i = 0; i < grads.size(); ++i) {
+        EXPECT_TRUE(at::allclose(summed[i].to(at::kFloat),
+                                 at::ones_like(grads[i]) * (world * (world + 1) / 2.0)))
+            << "grad " << i;
+      }
+      sharded.release();
+      for (const auto& p : params) EXPECT_EQ(p.numel(), 0);
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ShardedParametersTest,
+                         ::testing::Values(ShardingStrategy::kFlat,
+                                           ShardingStrategy::kPerParameter));
+
+}  // namespace
+}  // namespace gradscope
