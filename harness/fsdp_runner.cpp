@@ -1,7 +1,7 @@
 // kind = "fsdp": a LoRA MLP (gate, up, down QuantLinear modules) sharded over c10d the way
 // FSDP shards it (FSDP1 flat parameters or FSDP2 per-parameter dim-0 shards), world_size
-// ranks as threads in this process, each with its own ProcessGroupGloo over one in-memory
-// store. Each rank all-gathers, runs forward and backward on its slice of the tokens,
+// ranks as threads in this process, each with its own process group over one in-memory
+// store: ProcessGroupGloo on the CPU, ProcessGroupNCCL with one GPU per rank on CUDA. Each rank all-gathers, runs forward and backward on its slice of the tokens,
 // reduce-scatters the adapter gradients and releases the full parameters. Checks: the
 // gathered packed words bit for bit on every rank; the summed adapter gradients against the
 // unsharded run and the fp64 reference (ratio rule); a state dict saved from the shards and
@@ -10,9 +10,15 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "gradscope/fsdp_shards.h"
@@ -21,6 +27,7 @@
 #include "harness/dtype_names.h"
 #include "harness/file_system.h"
 #include "harness/gptq_checkpoint.h"
+#include "harness/input_error.h"
 #include "harness/lora_testbed.h"
 #include "harness/tensor_bridge.h"
 
@@ -66,6 +73,20 @@ struct RankResult {
 };
 
 const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
+
+c10::intrusive_ptr<c10d::Backend> make_backend(const at::Device& device,
+                                               const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (device.is_cuda()) {
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world);
+  }
+#endif
+  (void)device;
+  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+}
 
 // Bit-for-bit comparison of any two tensors of one dtype through an integer view of their
 // bytes (a float compare would call two equal NaN payloads different and 0 equal to -0).
@@ -147,11 +168,6 @@ class FsdpRunner final : public CaseRunner {
                             "destroy them; store them as " + param_dtype +
                             " (storage) or keep param_dtype = \"" + f.storage + "\"");
     }
-    if (s.get_string("device") != "cpu") {
-      throw_field_error(s, "device",
-                        "must be cpu for kind fsdp (ranks over Gloo; NCCL on GPUs is not wired "
-                        "into the harness yet)");
-    }
     if (s.get_float("dropout") != 0.0) {
       throw_field_error(s, "dropout", "must be 0 for kind fsdp (dropout is checked per op)");
     }
@@ -192,6 +208,13 @@ class FsdpRunner final : public CaseRunner {
     const auto ref = reference::mlp_backward(x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none,
                                              none);
 
+#ifdef GRADSCOPE_WITH_CUDA
+    if (c.device.is_cuda() && c10::cuda::device_count() < f.world_size) {
+      throw InputError(id + ": world_size " + std::to_string(f.world_size) +
+                       " needs one GPU per rank (NCCL); this machine has " +
+                       std::to_string(c10::cuda::device_count()));
+    }
+#endif
     tb::Measure sharded_time(c);
     const auto store = c10::make_intrusive<c10d::HashStore>();
     std::vector<RankResult> ranks(f.world_size);
@@ -238,10 +261,15 @@ class FsdpRunner final : public CaseRunner {
                        const std::vector<tb::Projection>& p, const at::Tensor& x2,
                        const at::Tensor& dy2, const c10::intrusive_ptr<c10d::HashStore>& store,
                        int64_t r, const std::string& scratch, RankResult& out) {
-    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    const auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        store, static_cast<int>(r), static_cast<int>(f.world_size), opts);
+    // On CUDA, rank r owns GPU r.
+    const at::Device device =
+        c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(r)) : at::Device(at::kCPU);
+#ifdef GRADSCOPE_WITH_CUDA
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (device.is_cuda()) guard.emplace(device);
+#endif
+    const auto backend =
+        make_backend(device, store, static_cast<int>(r), static_cast<int>(f.world_size));
     const std::string where = id + "/rank" + std::to_string(r) + "/";
 
     QuantLinearOptions qo;
@@ -256,6 +284,7 @@ class FsdpRunner final : public CaseRunner {
     for (const auto& proj : p) {
       modules.emplace_back(proj.prod.base, at::Tensor(), qo);
       auto& m = modules.back();
+      m->to(device);
       {
         const at::NoGradGuard no_grad;
         m->lora_A.copy_(proj.prod.lora_A);
@@ -285,11 +314,11 @@ class FsdpRunner final : public CaseRunner {
       const auto& original = p[j].prod.base;
       const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
       out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
-                                         words.qweight, original.qweight.to(at::kLong)));
+                                         words.qweight, original.qweight.cpu().to(at::kLong)));
       out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
-                                         words.qzeros, original.qzeros.to(at::kLong)));
+                                         words.qzeros, original.qzeros.cpu().to(at::kLong)));
       out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
-                                         words.scales, original.scales.to(at::kDouble)));
+                                         words.scales, original.scales.cpu().to(at::kDouble)));
     }
     // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
     const int64_t slice = x2.size(0) / f.world_size;
@@ -297,9 +326,9 @@ class FsdpRunner final : public CaseRunner {
       return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
                             modules[j]->lora_B, c.scaling()};
     };
-    const auto y = lora_mlp(x2.narrow(0, r * slice, slice), projection(0), projection(1),
-                            projection(2));
-    y.backward(dy2.narrow(0, r * slice, slice));
+    const auto y = lora_mlp(x2.narrow(0, r * slice, slice).to(device), projection(0),
+                            projection(1), projection(2));
+    y.backward(dy2.narrow(0, r * slice, slice).to(device));
     std::vector<at::Tensor> grads;
     for (const auto& a : adapters) grads.push_back(a.grad());
     const auto grad_shards = adapter_shards.reduce_scatter(grads);

@@ -7,7 +7,8 @@
 # STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
 # "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
-# multi-step faults on the small training cases); GPU_FILES picks case files (default all).
+# multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL and the
+# Python FSDP2 test on 2 GPUs); GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
 has_step() { [[ $STEPS == *" $1 "* ]]; }
@@ -51,6 +52,12 @@ if has_step training; then
     run "fault_$fault" bash -c "! $BUILD_DIR/gradscope run cases/smoke/training.toml --device cuda --quiet --inject $fault"
   done
   run training_gpu "$BUILD_DIR/gradscope" run --suite training-gpu --device cuda --json "$OUT/training_gpu.json"
+fi
+if has_step fsdp; then
+  # NCCL, one GPU per rank: the cases of world size 2 (nvidia-h200-x2).
+  run fsdp_cuda "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
+  run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
+  run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
 fi
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
 has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep}"

@@ -4,7 +4,7 @@
 // function itself, so gradients reach x and every lora_A / lora_B as in C++, on whatever
 // device the tensors live. A projection travels as a tensor list
 // [qweight, qzeros, scales, g_idx, lora_A, lora_B] with an optional bias appended; packed
-// words may be int32 or a bit-exact float view (FSDP storage).
+// words and g_idx may be int32 or a bit-exact float view (FSDP storage).
 #include <torch/library.h>
 
 #include <stdexcept>
@@ -31,7 +31,8 @@ GptqWeight weight(const at::Tensor& qweight, const at::Tensor& qzeros, const at:
   w.qweight = qweight;
   w.qzeros = qzeros;
   w.scales = scales;
-  w.g_idx = g_idx;
+  // g_idx may ride as a float view too (FSDP storage): its bytes are int32.
+  w.g_idx = g_idx.is_floating_point() ? g_idx.contiguous().view(at::kInt) : g_idx;
   w.bits = static_cast<int>(bits);
   w.format = zero_format(format);
   return w;
