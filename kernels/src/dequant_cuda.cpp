@@ -31,9 +31,9 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
   const auto options = in.qweight.options().dtype(out_dtype);
   auto out =
       layout == DequantLayout::kInOut ? at::empty({K, N}, options) : at::empty({N, K}, options);
-  // The kernel reads two columns' words as one 8-byte vector: a view that starts at an odd
-  // word (a sliced shard) is copied to a fresh, aligned allocation first.
-  const auto qweight = reinterpret_cast<uintptr_t>(in.qweight.data_ptr()) % 8 == 0
+  // The kernel reads four columns' words as one 16-byte vector: a view that does not start
+  // on a 16-byte boundary (a sliced shard) is copied to a fresh, aligned allocation first.
+  const auto qweight = reinterpret_cast<uintptr_t>(in.qweight.data_ptr()) % 16 == 0
                            ? in.qweight
                            : in.qweight.clone();
   cuda::DequantLaunch args{reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>()),

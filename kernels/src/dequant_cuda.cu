@@ -1,6 +1,7 @@
-// CUDA dequantization. One thread owns two neighbouring columns of a 32-row block: it
-// loads the block's `bits` packed words of each once and writes 64 outputs; neighbouring
-// threads own neighbouring columns, so loads and row-major stores coalesce.
+// CUDA dequantization. One thread owns four neighbouring columns of a 32-row block: it
+// loads the block's `bits` packed words of each once (16-byte vectors) and writes 128
+// outputs (8- or 16-byte vectors); neighbouring threads own neighbouring columns, so loads
+// and row-major stores coalesce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kRowsPerBlock = 32;
+constexpr int kCols = 4;  // N is a multiple of 4 at every width (qzeros packing)
 
 __device__ __forceinline__ float to_float(__half v) {
   return __half2float(v);
@@ -21,35 +23,45 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 
-// Two neighbouring outputs rounded once each and stored with one vector store.
+// Four neighbouring outputs rounded once each and stored with one vector store.
 template <typename Out>
-struct OutPair;
+struct OutQuad;
 template <>
-struct OutPair<float> {
-  static __device__ __forceinline__ void store(float* p, float a, float b) {
-    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+struct OutQuad<float> {
+  static __device__ __forceinline__ void store(float* p, const float (&v)[kCols]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   }
   static __device__ __forceinline__ float one(float v) { return v; }
 };
 template <>
-struct OutPair<__half> {
-  static __device__ __forceinline__ void store(__half* p, float a, float b) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+struct OutQuad<__half> {
+  static __device__ __forceinline__ void store(__half* p, const float (&v)[kCols]) {
+    const __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+    uint2 bits;
+    bits.x = *reinterpret_cast<const uint32_t*>(&a);
+    bits.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(p) = bits;
   }
   static __device__ __forceinline__ __half one(float v) { return __float2half_rn(v); }
 };
 template <>
-struct OutPair<__nv_bfloat16> {
-  static __device__ __forceinline__ void store(__nv_bfloat16* p, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+struct OutQuad<__nv_bfloat16> {
+  static __device__ __forceinline__ void store(__nv_bfloat16* p, const float (&v)[kCols]) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]),
+                         b = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 bits;
+    bits.x = *reinterpret_cast<const uint32_t*>(&a);
+    bits.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(p) = bits;
   }
   static __device__ __forceinline__ __nv_bfloat16 one(float v) { return __float2bfloat16_rn(v); }
 };
 
-// One thread owns two neighbouring columns (N is even at every width) of a 32-row block:
-// the per-row work that does not depend on the column (group, bit position, zero and
-// scale rows) is done once for both, loads of packed words and stores of outputs are
-// 8- and 4-byte vectors. Instruction count, not bandwidth, bounded the one-column version.
+// One thread owns four neighbouring columns of a 32-row block: the per-row work that does
+// not depend on the column (group, bit position) is done once for all four, and a row's
+// zero points and scales are loaded only when its group differs from the previous row's
+// (without act-order a 32-row block lies in one or two groups). Instruction count, not
+// bandwidth, bounded the one- and two-column versions.
 template <int kBits, typename Out, typename Scale>
 __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
                                     const uint32_t* __restrict__ qzeros,
@@ -67,25 +79,27 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
         k < K ? static_cast<int32_t>(dequant_faults::group(k, K, G, g_idx, fault)) : 0;
   }
   __syncthreads();
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 2;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCols;
   if (n0 >= N) return;
   const int64_t total_words = K * kBits / 32;
-  uint32_t words[2][kBits + 1];
+  uint32_t words[kCols][kBits + 1];
 #pragma unroll
   for (int i = 0; i < kBits + 1; ++i) {
     const int64_t w = row0 / 32 * kBits + i;
-    const uint2 pair = (i < kBits && w < total_words)
-                           ? *reinterpret_cast<const uint2*>(qweight + w * N + n0)
-                           : make_uint2(0u, 0u);
-    words[0][i] = pair.x;
-    words[1][i] = pair.y;
+    const uint4 quad = (i < kBits && w < total_words)
+                           ? *reinterpret_cast<const uint4*>(qweight + w * N + n0)
+                           : make_uint4(0u, 0u, 0u, 0u);
+    words[0][i] = quad.x;
+    words[1][i] = quad.y;
+    words[2][i] = quad.z;
+    words[3][i] = quad.w;
   }
   const int64_t zero_words = N * kBits / 32;
-  packed_bits::FieldPosition zero_pos[2];
-  bool zero_two[2];
-  int64_t scale_n[2];
+  packed_bits::FieldPosition zero_pos[kCols];
+  bool zero_two[kCols];
+  int64_t scale_n[kCols];
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     zero_pos[c] = packed_bits::locate(n0 + c, kBits);
     zero_two[c] = packed_bits::straddles(zero_pos[c].shift, kBits);
     scale_n[c] = dequant_faults::scale_column(n0 + c, N, fault);
@@ -93,38 +107,48 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
   const int zero_offset = dequant_faults::zero_offset(v1, fault);
   const bool keep_high = dequant_faults::keep_high_word(fault);
   const int rows = static_cast<int>(K - row0 < kRowsPerBlock ? K - row0 : kRowsPerBlock);
+  int64_t cached_group = -1;
+  int zero[kCols];
+  float scale[kCols];
 #pragma unroll
   for (int j = 0; j < kRowsPerBlock; ++j) {
     if (j >= rows) break;
     const int64_t k = row0 + j;
     const int bit = (j * kBits & ~31) + dequant_faults::shift(j * kBits & 31, fault);
     const int64_t g = groups[j];
-    const uint32_t* zrow = qzeros + g * zero_words;
-    const Scale* srow = scales + g * N;
-    float value[2];
+    if (g != cached_group) {
+      cached_group = g;
+      const uint32_t* zrow = qzeros + g * zero_words;
+      const Scale* srow = scales + g * N;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < kCols; ++c) {
+        const uint32_t zero_field = packed_bits::read_field(
+            __ldg(zrow + zero_pos[c].word), zero_two[c] ? __ldg(zrow + zero_pos[c].word + 1) : 0u,
+            zero_pos[c].shift, kBits);
+        zero[c] = static_cast<int>(zero_field) + zero_offset;
+        scale[c] = to_float(srow[scale_n[c]]);
+      }
+    }
+    float value[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
       const uint32_t high = keep_high ? words[c][(bit >> 5) + 1] : 0u;
       const uint32_t code = packed_bits::read_field(words[c][bit >> 5], high, bit & 31, kBits);
-      const uint32_t zero_field = packed_bits::read_field(
-          __ldg(zrow + zero_pos[c].word), zero_two[c] ? __ldg(zrow + zero_pos[c].word + 1) : 0u,
-          zero_pos[c].shift, kBits);
-      const int zero = static_cast<int>(zero_field) + zero_offset;
-      value[c] = to_float(srow[scale_n[c]]) * static_cast<float>(static_cast<int>(code) - zero);
+      value[c] = scale[c] * static_cast<float>(static_cast<int>(code) - zero[c]);
     }
     if (out_in_layout) {
-      out[n0 * K + k] = OutPair<Out>::one(value[0]);
-      out[(n0 + 1) * K + k] = OutPair<Out>::one(value[1]);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) out[(n0 + c) * K + k] = OutQuad<Out>::one(value[c]);
     } else {
-      OutPair<Out>::store(out + k * N + n0, value[0], value[1]);
+      OutQuad<Out>::store(out + k * N + n0, value);
     }
   }
 }
 
 template <int kBits, typename Out, typename Scale>
 void launch_typed(const DequantLaunch& a, cudaStream_t stream) {
-  const int64_t pairs = (a.out_features + 1) / 2;
-  const dim3 grid(static_cast<unsigned>((pairs + kThreads - 1) / kThreads),
+  const int64_t quads = (a.out_features + kCols - 1) / kCols;
+  const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads),
                   static_cast<unsigned>((a.in_features + kRowsPerBlock - 1) / kRowsPerBlock));
   dequant_gptq_kernel<kBits, Out, Scale><<<grid, kThreads, 0, stream>>>(
       a.qweight, a.qzeros, static_cast<const Scale*>(a.scales), a.g_idx, static_cast<Out*>(a.out),
