@@ -54,19 +54,22 @@ class LayerRunner final : public CaseRunner {
     // (2 seeds in 60 when each implementation ran the stack end to end).
     tb::Measure ref_time(c, /*track_memory=*/false);
     std::vector<reference::Matrix> ref_inputs;
+    std::vector<reference::LayerTape> tapes;  // each layer's forward runs once
     reference::Matrix hr = x.ref;
     for (const auto& L : stack) {
       ref_inputs.push_back(hr);
-      hr = reference::layer_forward(hr, L.ref, shape);
+      tapes.push_back(reference::layer_tape(hr, L.ref, shape));
+      hr = tapes.back().out;
     }
     std::vector<reference::LayerGrads> ref_grads(n_layers);
     std::vector<reference::Matrix> ref_dys(n_layers);
     reference::Matrix dh = dy.ref;
     for (int64_t i = n_layers - 1; i >= 0; --i) {
       ref_dys[i] = dh;
-      ref_grads[i] = reference::layer_backward(ref_inputs[i], dh, stack[i].ref, shape);
+      ref_grads[i] = reference::layer_backward(tapes[i], ref_inputs[i], dh, stack[i].ref, shape);
       dh = ref_grads[i].dx;
     }
+    tapes.clear();
     ref_time.finish("ref", result.metrics);
 
     // Layer i's input and output gradient in the case dtype, as prod and base see them

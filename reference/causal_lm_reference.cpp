@@ -31,6 +31,7 @@ Matrix softmax_rows(const Matrix& logits) {
 
 struct Forward {
   std::vector<Matrix> layer_inputs;  // input of layer i
+  std::vector<LayerTape> tapes;      // what layer i's backward needs
   Matrix last;                       // output of the last layer
   Matrix logits;
 };
@@ -40,7 +41,8 @@ Forward forward(const CausalLm& m, const std::vector<int64_t>& tokens) {
   Matrix h = embed(m, tokens);
   for (const auto& layer : m.layers) {
     f.layer_inputs.push_back(h);
-    h = layer_forward(h, layer, m.shape);
+    f.tapes.push_back(layer_tape(h, layer, m.shape));
+    h = f.tapes.back().out;
   }
   f.logits = rmsnorm_forward(h, m.final_norm) * m.lm_head.transpose();
   f.last = std::move(h);
@@ -76,7 +78,7 @@ LossAndGrads causal_lm_backward(const CausalLm& model, const std::vector<int64_t
   Matrix dh = rmsnorm_backward(f.last, dlogits * model.lm_head, model.final_norm);
   out.grads.resize(model.layers.size());
   for (size_t i = model.layers.size(); i-- > 0;) {
-    out.grads[i] = layer_backward(f.layer_inputs[i], dh, model.layers[i], model.shape);
+    out.grads[i] = layer_backward(f.tapes[i], f.layer_inputs[i], dh, model.layers[i], model.shape);
     dh = out.grads[i].dx;
   }
   return out;

@@ -121,12 +121,7 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
   return g;
 }
 
-namespace {
-
-// What the backward needs from the forward.
-struct LayerTape {
-  Matrix n1, q, k, v, qr, kr, attn, h, n2, out;
-};
+namespace {}  // namespace
 
 LayerTape layer_tape(const Matrix& x, const Layer& l, const AttentionShape& s) {
   const Dropout none;
@@ -141,11 +136,10 @@ LayerTape layer_tape(const Matrix& x, const Layer& l, const AttentionShape& s) {
   t.attn = attention_forward(t.qr, t.kr, t.v, s);
   t.h = x + lora_forward(t.attn, l.o, none);
   t.n2 = rmsnorm_forward(t.h, l.post_attention_norm);
-  t.out = t.h + mlp_forward(t.n2, l.gate, l.up, l.down, none, none);
+  t.mlp = mlp_tape(t.n2, l.gate, l.up, none);
+  t.out = t.h + lora_forward(swiglu(t.mlp.e, t.mlp.g), l.down, none);
   return t;
 }
-
-}  // namespace
 
 Matrix layer_forward(const Matrix& x, const Layer& layer, const AttentionShape& s) {
   return layer_tape(x, layer, s).out;
@@ -153,10 +147,14 @@ Matrix layer_forward(const Matrix& x, const Layer& layer, const AttentionShape& 
 
 LayerGrads layer_backward(const Matrix& x, const Matrix& dy, const Layer& l,
                           const AttentionShape& s) {
+  return layer_backward(layer_tape(x, l, s), x, dy, l, s);
+}
+
+LayerGrads layer_backward(const LayerTape& t, const Matrix& x, const Matrix& dy, const Layer& l,
+                          const AttentionShape& s) {
   const Dropout none;
-  const auto t = layer_tape(x, l, s);
   LayerGrads g;
-  const auto mlp = mlp_backward(t.n2, dy, l.gate, l.up, l.down, none, none);
+  const auto mlp = mlp_backward(t.mlp, t.n2, dy, l.gate, l.up, l.down, none, none);
   g.gate = mlp.gate;
   g.up = mlp.up;
   g.down = mlp.down;

@@ -53,4 +53,14 @@ Matrix layer_forward(const Matrix& x, const Layer& layer, const AttentionShape& 
 LayerGrads layer_backward(const Matrix& x, const Matrix& dy, const Layer& layer,
                           const AttentionShape& s);
 
+// The forward's intermediate values the backward needs; keeping them lets a stack run
+// each layer's forward once (the two-argument layer_backward recomputes them).
+struct LayerTape {
+  Matrix n1, q, k, v, qr, kr, attn, h, n2, out;  // out: the layer's output
+  MlpTape mlp;
+};
+LayerTape layer_tape(const Matrix& x, const Layer& layer, const AttentionShape& s);
+LayerGrads layer_backward(const LayerTape& tape, const Matrix& x, const Matrix& dy,
+                          const Layer& layer, const AttentionShape& s);
+
 }  // namespace gradscope::reference

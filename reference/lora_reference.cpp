@@ -60,11 +60,21 @@ Matrix mlp_forward(const Matrix& x, const Projection& gate, const Projection& up
   return lora_forward(h, down, dh);
 }
 
+MlpTape mlp_tape(const Matrix& x, const Projection& gate, const Projection& up, const Dropout& dx) {
+  return {lora_forward(x, gate, dx), lora_forward(x, up, dx)};
+}
+
 MlpGrads mlp_backward(const Matrix& x, const Matrix& dy, const Projection& gate,
                       const Projection& up, const Projection& down, const Dropout& dx,
                       const Dropout& dh) {
-  const Matrix e = lora_forward(x, gate, dx);
-  const Matrix g = lora_forward(x, up, dx);
+  return mlp_backward(mlp_tape(x, gate, up, dx), x, dy, gate, up, down, dx, dh);
+}
+
+MlpGrads mlp_backward(const MlpTape& tape, const Matrix& x, const Matrix& dy,
+                      const Projection& gate, const Projection& up, const Projection& down,
+                      const Dropout& dx, const Dropout& dh) {
+  const Matrix& e = tape.e;
+  const Matrix& g = tape.g;
   const Matrix h = swiglu(e, g);
   MlpGrads grads;
   grads.down = lora_backward(h, dy, down, dh);

@@ -61,5 +61,14 @@ Matrix mlp_forward(const Matrix& x, const Projection& gate, const Projection& up
 MlpGrads mlp_backward(const Matrix& x, const Matrix& dy, const Projection& gate,
                       const Projection& up, const Projection& down, const Dropout& dx,
                       const Dropout& dh);
+// The forward values the backward needs, e = gate(x) and g = up(x): a caller that keeps
+// them (a decoder layer's tape) spares the backward two of the MLP's three products.
+struct MlpTape {
+  Matrix e, g;
+};
+MlpTape mlp_tape(const Matrix& x, const Projection& gate, const Projection& up, const Dropout& dx);
+MlpGrads mlp_backward(const MlpTape& tape, const Matrix& x, const Matrix& dy,
+                      const Projection& gate, const Projection& up, const Projection& down,
+                      const Dropout& dx, const Dropout& dh);
 
 }  // namespace gradscope::reference
