@@ -40,8 +40,7 @@ std::vector<at::Tensor> parameters() {
   words[0] = static_cast<int32_t>(0x7fc00001);  // fp32 NaN with payload; bf16 halves NaN
   words[1] = 0x00010001;                        // subnormal halves
   words[2] = static_cast<int32_t>(0xff817c01);
-  return {words.view(at::kBFloat16).view({3, 10}),
-          at::arange(15, at::kFloat).view({5, 3}) * 0.5};
+  return {words.view(at::kBFloat16).view({3, 10}), at::arange(15, at::kFloat).view({5, 3}) * 0.5};
 }
 
 at::Tensor bits(const at::Tensor& t) {

@@ -64,7 +64,8 @@ at::Tensor ShardedParameters::flatten(const Group& g,
   return at::cat(parts);
 }
 
-std::vector<at::Tensor> ShardedParameters::gather_copy(const std::vector<at::Tensor>& shards) const {
+std::vector<at::Tensor> ShardedParameters::gather_copy(
+    const std::vector<at::Tensor>& shards) const {
   const int64_t world = world_size();
   std::vector<at::Tensor> full(params_.size());
   for (size_t s = 0; s < shards.size(); ++s) {
