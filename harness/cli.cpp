@@ -193,6 +193,8 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
                           ? "no CUDA GPU is visible to torch"
                           : "this build has no CUDA kernels (GRADSCOPE_WITH_CUDA=OFF)"));
   }
+  // Repeatable CUDA runs: the same case twice gives the same JSON checks and dumps.
+  if (any_cuda) make_cuda_deterministic();
   report::RunReport report;
   report.version = GRADSCOPE_VERSION;
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");

@@ -1,6 +1,8 @@
 #include "harness/environment.h"
 
 #include <ATen/Context.h>
+
+#include <cstdlib>
 #include <torch/version.h>
 
 #include "gradscope/dequant.h"
@@ -35,6 +37,11 @@ report::Environment probe_environment(const std::string& device) {
   }
 #endif
   return env;
+}
+
+void make_cuda_deterministic() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
 }  // namespace gradscope

@@ -8,5 +8,9 @@ namespace gradscope {
 // True when this build has the CUDA kernels and torch sees a GPU.
 bool cuda_usable();
 report::Environment probe_environment(const std::string& device);
+// Makes CUDA runs repeatable bit for bit: CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless the user
+// set it; cuBLAS reads it when its first handle is made) and ATen's deterministic
+// algorithms (warning, not failing, where an op has none). Call before any CUDA work.
+void make_cuda_deterministic();
 
 }  // namespace gradscope

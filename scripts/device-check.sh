@@ -8,7 +8,8 @@
 # "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
 # multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL and the
-# Python FSDP2 test on 2 GPUs); GPU_FILES picks case files (default all).
+# Python FSDP2 test on 2 GPUs; "determinism": the smoke suite twice on CUDA, compared);
+# GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
 has_step() { [[ $STEPS == *" $1 "* ]]; }
@@ -58,6 +59,20 @@ if has_step fsdp; then
   run fsdp_cuda "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
   run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
   run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
+fi
+if has_step determinism; then
+  # The smoke suite twice on CUDA: identical checks in the JSON (wall times and memory
+  # aside) and identical dumps (gradscope diff with zero tolerance).
+  for i in 1 2; do
+    run "determinism_$i" "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet \
+      --json "$OUT/det_$i.json" --dump "$OUT/det_$i.h5" --dump-gradients-only
+  done
+  run determinism_dumps "$BUILD_DIR/gradscope" diff "$OUT/det_1.h5" "$OUT/det_2.h5" --rtol 0 --atol 0
+  run determinism_json python3 -c "
+import json, sys
+def checks(p):
+    return [c['checks'] for c in json.load(open(p))['cases']]
+sys.exit(0 if checks('$OUT/det_1.json') == checks('$OUT/det_2.json') else 1)"
 fi
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
 has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep}"
