@@ -74,6 +74,57 @@ std::string scatter_svg(const std::vector<const Check*>& checks) {
   return s.str();
 }
 
+// A training case's mean loss per step for prod, base and ref (linear axes), with the
+// step where prod's gated loss first left the band marked.
+std::string loss_curve_svg(const LossCurve& curve) {
+  const size_t n = curve.ref.size();
+  if (n == 0) return "";
+  const double w = 420, h = 320, m = 46;
+  double lo = curve.ref[0], hi = curve.ref[0];
+  for (const auto* series : {&curve.prod, &curve.base, &curve.ref}) {
+    for (double v : *series) {
+      if (!std::isfinite(v)) continue;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  if (hi <= lo) hi = lo + 1e-12;
+  const auto X = [&](double step) {
+    return m + (n > 1 ? step / static_cast<double>(n - 1) : 0.5) * (w - 2 * m);
+  };
+  const auto Y = [&](double v) { return h - m - (v - lo) / (hi - lo) * (h - 2 * m); };
+  std::ostringstream s;
+  s << "<svg class=\"plot\" width=\"" << w << "\" height=\"" << h << "\" viewBox=\"0 0 " << w << " "
+    << h << "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\"><title>loss per step</title>"
+    << "<rect x=\"" << m << "\" y=\"" << m << "\" width=\"" << w - 2 * m << "\" height=\""
+    << h - 2 * m << "\" fill=\"#fafafa\" stroke=\"#999\"/>";
+  const std::pair<const std::vector<double>*, const char*> series[] = {
+      {&curve.ref, "#222"}, {&curve.base, "#4a4"}, {&curve.prod, "#2a6fdb"}};
+  for (const auto& [values, color] : series) {
+    s << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (std::isfinite((*values)[i]))
+        s << X(static_cast<double>(i)) << "," << Y((*values)[i]) << " ";
+    }
+    s << "\"/>";
+  }
+  if (curve.divergence_step) {
+    const double x = X(static_cast<double>(*curve.divergence_step));
+    s << "<line x1=\"" << x << "\" y1=\"" << m << "\" x2=\"" << x << "\" y2=\"" << h - m
+      << "\" stroke=\"#d22\" stroke-dasharray=\"3 2\"><title>prod leaves the band at step "
+      << *curve.divergence_step << "</title></line>";
+  }
+  s << "<text x=\"" << m - 4 << "\" y=\"" << Y(hi) + 3 << "\" font-size=\"10\" text-anchor=\"end\">"
+    << format_number(hi) << "</text><text x=\"" << m - 4 << "\" y=\"" << Y(lo) + 3
+    << "\" font-size=\"10\" text-anchor=\"end\">" << format_number(lo) << "</text>"
+    << "<text x=\"" << w / 2 << "\" y=\"" << h - 8
+    << "\" font-size=\"11\" text-anchor=\"middle\">step (0 .. " << n - 1 << ")</text>"
+    << "<text x=\"" << w - m << "\" y=\"" << m - 8 << "\" font-size=\"10\" text-anchor=\"end\">"
+    << "<tspan fill=\"#2a6fdb\">prod</tspan>  <tspan fill=\"#4a4\">base</tspan>  "
+       "<tspan fill=\"#222\">ref</tspan> (mean loss)</text></svg>";
+  return s.str();
+}
+
 // The distribution of |prod - ref| over every element of the case's ratio checks.
 std::string histogram_svg(const std::vector<const Check*>& checks) {
   std::vector<int64_t> counts(kErrorBins, 0);
@@ -177,7 +228,7 @@ std::string to_html(const RunReport& report) {
     }
     if (!ratio_checks.empty()) {
       h << "<div class=\"plots\">" << scatter_svg(ratio_checks) << histogram_svg(ratio_checks)
-        << "</div>\n";
+        << (c.loss_curve ? loss_curve_svg(*c.loss_curve) : std::string()) << "</div>\n";
     }
     if (!c.metrics.empty()) {
       h << "<p>";
