@@ -1,6 +1,7 @@
 #include "harness/file_system.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -77,11 +78,12 @@ std::string make_temp_dir(const std::string& prefix) {
   return templ;
 }
 
-void remove_scratch_dir(const std::string& dir) {
-  for (const auto& f : find_files(dir, "")) {
-    if (parent_directory(f) == dir) std::remove(f.c_str());
-  }
-  rmdir(dir.c_str());
+void remove_tree(const std::string& dir) {
+  // Depth first, links not followed: files and folders go before the folder holding them.
+  ::nftw(
+      dir.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace gradscope::files

@@ -20,7 +20,7 @@ std::vector<std::string> find_files(const std::string& dir, const std::string& s
 std::string parent_directory(const std::string& path);
 // A new private folder under $TMPDIR (or /tmp) named <prefix>-XXXXXX; throws on failure.
 std::string make_temp_dir(const std::string& prefix);
-// Removes the regular files directly inside `dir`, then `dir` (scratch folders).
-void remove_scratch_dir(const std::string& dir);
+// Removes `dir` and everything below it (symbolic links themselves, not their targets).
+void remove_tree(const std::string& dir);
 
 }  // namespace gradscope::files

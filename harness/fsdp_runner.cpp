@@ -233,7 +233,7 @@ class FsdpRunner final : public CaseRunner {
       });
     }
     for (auto& t : threads) t.join();
-    files::remove_scratch_dir(scratch);
+    files::remove_tree(scratch);
     sharded_time.finish("sharded", result.metrics);
     for (int64_t r = 0; r < f.world_size; ++r) {
       if (!ranks[r].error.empty()) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <fstream>
+
 #include "test_files.h"
 
 namespace gradscope {
@@ -25,6 +27,23 @@ TEST(FileSystem, FindsFilesBySuffixRecursivelyInOrder) {
   EXPECT_TRUE(files::is_regular_file(dir.path("0.toml")));
   EXPECT_FALSE(files::is_directory(dir.path("missing")));
   EXPECT_TRUE(files::find_files(dir.path("missing"), ".toml").empty());
+}
+
+TEST(FileSystem, TempDirIsPrivateAndRemoveTreeTakesEverything) {
+  const std::string dir = files::make_temp_dir("gradscope-fs-test");
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);  // mkdtemp: owner only
+  ASSERT_EQ(::mkdir((dir + "/a").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/a/b").c_str(), 0755), 0);
+  { std::ofstream(dir + "/a/b/f.txt") << "x"; }
+  { std::ofstream(dir + "/top.txt") << "y"; }
+  const std::string other = files::make_temp_dir("gradscope-fs-test");
+  EXPECT_NE(other, dir);  // a fresh name each call
+  files::remove_tree(other);
+  files::remove_tree(dir);
+  EXPECT_FALSE(files::is_directory(dir));
+  EXPECT_FALSE(files::is_directory(other));
 }
 
 TEST(FileSystem, ParentDirectory) {

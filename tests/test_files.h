@@ -1,31 +1,18 @@
-// Temporary case files for tests; removed with the fixture. POSIX calls, not
-// std::filesystem (see harness/file_system.h for why).
+// Temporary case files for tests; removed with the fixture (harness/file_system.h's
+// POSIX helpers, not std::filesystem: see there for why).
 #pragma once
 
-#include <ftw.h>
-#include <stdlib.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <fstream>
-#include <stdexcept>
 #include <string>
+
+#include "harness/file_system.h"
 
 namespace gradscope::testing {
 
 class TempDir {
  public:
-  TempDir() {
-    std::string pattern = "/tmp/gradscope-test-XXXXXX";
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    ::nftw(
-        path_.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
-        FTW_DEPTH | FTW_PHYS);
-  }
+  TempDir() : path_(files::make_temp_dir("gradscope-test")) {}
+  ~TempDir() { files::remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 
