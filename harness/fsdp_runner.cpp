@@ -8,17 +8,11 @@
 // rule); a state dict saved from the shards and reloaded, bit for bit, with words whose float view
 // is a NaN or a subnormal; the cast guard refusing a shard that was numerically cast.
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef GRADSCOPE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 #include <chrono>
-#include <optional>
-#include <thread>
 
 #include "gradscope/fsdp_shards.h"
 #include "gradscope/quant_linear.h"
@@ -29,6 +23,7 @@
 #include "harness/input_error.h"
 #include "harness/lora_testbed.h"
 #include "harness/tensor_bridge.h"
+#include "harness/thread_ranks.h"
 
 namespace gradscope {
 namespace {
@@ -68,24 +63,9 @@ struct FsdpConfig {
 struct RankResult {
   std::vector<report::Check> checks;
   std::vector<at::Tensor> adapter_grads;  // summed over ranks, full (rank 0)
-  std::string error;
 };
 
 const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
-
-c10::intrusive_ptr<c10d::Backend> make_backend(const at::Device& device,
-                                               const c10::intrusive_ptr<c10d::Store>& store,
-                                               int rank, int world) {
-#ifdef GRADSCOPE_WITH_CUDA
-  if (device.is_cuda()) {
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world);
-  }
-#endif
-  (void)device;
-  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
-}
 
 // Bit-for-bit comparison of any two tensors of one dtype through an integer view of their
 // bytes (a float compare would call two equal NaN payloads different and 0 equal to -0).
@@ -219,25 +199,18 @@ class FsdpRunner final : public CaseRunner {
     }
 #endif
     tb::Measure sharded_time(c);
-    const auto store = c10::make_intrusive<c10d::HashStore>();
     std::vector<RankResult> ranks(f.world_size);
     const std::string scratch = files::make_temp_dir("gradscope-fsdp");
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < f.world_size; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          run_rank(c, f, id, p, x2, dy.prod.reshape({-1, hidden}), store, r, scratch, ranks[r]);
-        } catch (const std::exception& e) {
-          ranks[r].error = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    const auto errors = run_thread_ranks(
+        static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
+        [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
+          run_rank(c, f, id, p, x2, dy.prod.reshape({-1, hidden}), backend, r, scratch, ranks[r]);
+        });
     files::remove_tree(scratch);
     sharded_time.finish("sharded", result.metrics);
     for (int64_t r = 0; r < f.world_size; ++r) {
-      if (!ranks[r].error.empty()) {
-        throw std::runtime_error("fsdp rank " + std::to_string(r) + ": " + ranks[r].error);
+      if (!errors[r].empty()) {
+        throw std::runtime_error("fsdp rank " + std::to_string(r) + ": " + errors[r]);
       }
       for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
     }
@@ -262,17 +235,11 @@ class FsdpRunner final : public CaseRunner {
  private:
   static void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id,
                        const std::vector<tb::Projection>& p, const at::Tensor& x2,
-                       const at::Tensor& dy2, const c10::intrusive_ptr<c10d::HashStore>& store,
+                       const at::Tensor& dy2, const c10::intrusive_ptr<c10d::Backend>& backend,
                        int64_t r, const std::string& scratch, RankResult& out) {
-    // On CUDA, rank r owns GPU r.
+    // On CUDA, rank r owns GPU r (run_thread_ranks made it current).
     const at::Device device =
         c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(r)) : at::Device(at::kCPU);
-#ifdef GRADSCOPE_WITH_CUDA
-    std::optional<c10::cuda::CUDAGuard> guard;
-    if (device.is_cuda()) guard.emplace(device);
-#endif
-    const auto backend =
-        make_backend(device, store, static_cast<int>(r), static_cast<int>(f.world_size));
     const std::string where = id + "/rank" + std::to_string(r) + "/";
 
     QuantLinearOptions qo;

@@ -3,33 +3,15 @@
 // reduce-scatter sum, for both of FSDP's strategies.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <functional>
-#include <thread>
 
 #include "gradscope/fsdp_shards.h"
+#include "harness/thread_ranks.h"
 
 namespace gradscope {
 namespace {
 
-void on_ranks(int world, const std::function<void(c10::intrusive_ptr<c10d::Backend>, int)>& fn) {
-  const auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(60));
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        fn(c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, opts), r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+void on_ranks(int world, const RankBody& body) {
+  const auto errors = run_thread_ranks(world, c10::DeviceType::CPU, std::chrono::seconds(60), body);
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
@@ -51,7 +33,7 @@ class ShardedParametersTest : public ::testing::TestWithParam<ShardingStrategy> 
 
 TEST_P(ShardedParametersTest, ShardsReleaseGatherAndReduceScatter) {
   for (int world : {2, 3}) {
-    on_ranks(world, [&](c10::intrusive_ptr<c10d::Backend> backend, int rank) {
+    on_ranks(world, [&](int rank, const c10::intrusive_ptr<c10d::Backend>& backend) {
       const auto original = parameters();
       std::vector<at::Tensor> params;
       for (const auto& p : original) params.push_back(p.clone());

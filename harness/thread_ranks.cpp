@@ -1,0 +1,70 @@
+#include "harness/thread_ranks.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <stdlib.h>
+
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+namespace gradscope {
+namespace {
+
+c10::intrusive_ptr<c10d::Backend> make_backend(c10::DeviceType device_type,
+                                               const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world, std::chrono::seconds timeout) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (device_type == c10::DeviceType::CUDA) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+  }
+#endif
+  if (device_type != c10::DeviceType::CPU) {
+    throw std::invalid_argument("thread ranks: no process group for device type " +
+                                c10::DeviceTypeName(device_type));
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+}
+
+}  // namespace
+
+std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type,
+                                          std::chrono::seconds timeout, const RankBody& body) {
+  // PyTorch's flight recorder (one per process, on by default) inserts a group into its
+  // status map outside its lock, at the group's first collective: groups on concurrent
+  // threads corrupt the map (ASan in CI: SEGV in _Rb_tree_insert_and_rebalance under
+  // FlightRecorder::recordWithResetEnabled, torch 2.11; 1 in a few hundred runs). It is a
+  // post-mortem aid for multi-process jobs; switched off before any group exists, and before
+  // the threads start because setenv is not thread safe.
+  setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
+  const auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+#ifdef GRADSCOPE_WITH_CUDA
+        std::optional<c10::cuda::CUDAGuard> guard;
+        if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
+#endif
+        body(r, make_backend(device_type, store, r, world, timeout));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "an exception without a message";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace gradscope
