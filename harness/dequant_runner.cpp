@@ -137,17 +137,13 @@ class DequantRunner final : public CaseRunner {
     const auto ref_weight = bridge::to_tensor(reference::dequantize(ref_layer));
 
     // Prod, on the case's device and with the packed words in the case's storage dtype.
-    GptqWeight on_device = packed;
     const at::Device device(c.device == "cuda" ? at::kCUDA : at::kCPU);
+    GptqWeight on_device = packed.to(device);
     const auto view = storage_dtype(c.storage);
-    on_device.qweight = packed.qweight.to(device);
-    on_device.qzeros = packed.qzeros.to(device);
     if (view != at::kInt) {
       on_device.qweight = as_float_view(on_device.qweight, view);
       on_device.qzeros = as_float_view(on_device.qzeros, view);
     }
-    on_device.scales = packed.scales.to(device);
-    on_device.g_idx = packed.g_idx.to(device);
     const auto prod_weight = dequantize_gptq(on_device, c.dtype, c.layout).cpu();
     const auto prod_codes = unpack_rows(packed.qweight, c.gptq.bits, K);
     const auto prod_zeros = decode_zero_points(packed.qzeros, c.gptq.bits, N, c.gptq.format);

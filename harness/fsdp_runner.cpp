@@ -252,9 +252,12 @@ class FsdpRunner final : public CaseRunner {
     std::vector<at::Tensor> frozen, adapters, frozen_before;
     std::vector<std::string> frozen_names;
     for (const auto& proj : p) {
-      modules.emplace_back(proj.prod.base, at::Tensor(), qo);
+      modules.emplace_back(proj.prod.base.to(at::kCPU), at::Tensor(), qo);
       auto& m = modules.back();
-      m->to(device);
+      // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
+      // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
+      // this rank's shards (below), never whole.
+      if (!f.float_view()) m->to(device);
       {
         const at::NoGradGuard no_grad;
         m->lora_A.copy_(proj.prod.lora_A);
@@ -270,12 +273,11 @@ class FsdpRunner final : public CaseRunner {
         }
       }
     }
-    // Buffers (int32 storage) stay replicated, as FSDP leaves buffers unsharded.
     std::unique_ptr<ShardedParameters> frozen_shards;
     if (!frozen.empty()) {
-      frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend);
+      frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend, device);
     }
-    ShardedParameters adapter_shards(adapters, f.strategy, backend);
+    ShardedParameters adapter_shards(adapters, f.strategy, backend, device);
 
     if (frozen_shards) frozen_shards->gather();
     adapter_shards.gather();

@@ -259,8 +259,9 @@ const safetensors::File& GptqCheckpoint::file_of(const std::string& tensor) cons
   return *file;
 }
 
-at::Tensor GptqCheckpoint::read(const std::string& name, const char* const* dtypes,
-                                int64_t rank) const {
+const safetensors::TensorEntry& GptqCheckpoint::entry(const std::string& name,
+                                                      const char* const* dtypes,
+                                                      int64_t rank) const {
   const auto& file = file_of(name);
   const auto* e = file.find(name);
   if (!e) throw InputError(file.path() + ": the index maps " + name + " here but it is absent");
@@ -276,11 +277,48 @@ at::Tensor GptqCheckpoint::read(const std::string& name, const char* const* dtyp
     throw InputError(file.path() + ": " + name + " has " + std::to_string(e->shape.size()) +
                      " dimensions; expected " + std::to_string(rank));
   }
-  return from_safetensors(file, *e);
+  return *e;
+}
+
+at::Tensor GptqCheckpoint::read(const std::string& name, const char* const* dtypes,
+                                int64_t rank) const {
+  return from_safetensors(file_of(name), entry(name, dtypes, rank));
+}
+
+namespace {
+const char* const kI32[] = {"I32", nullptr};
+}  // namespace
+
+at::Tensor GptqCheckpoint::read_qweight_elements(const std::string& module, at::ScalarType view,
+                                                 int64_t begin, int64_t end) const {
+  const std::string name = module + ".qweight";
+  const auto& e = entry(name, kI32, 2);
+  const int64_t size = static_cast<int64_t>(c10::elementSize(view));
+  const int64_t count = static_cast<int64_t>(e.end - e.begin) / size;
+  if (size > 4 || begin < 0 || begin > end || end > count) {
+    throw std::out_of_range(file_of(name).path() + ": " + name + " as " +
+                            std::string(c10::toString(view)) + " has " + std::to_string(count) +
+                            " elements; asked for [" + std::to_string(begin) + ", " +
+                            std::to_string(end) + ")");
+  }
+  auto t = at::empty({end - begin}, at::TensorOptions().dtype(view));
+  if (end > begin) std::memcpy(t.data_ptr(), file_of(name).data(e) + begin * size, t.nbytes());
+  return t;
 }
 
 GptqCheckpoint::Layer GptqCheckpoint::load(const std::string& module) const {
-  static const char* const kI32[] = {"I32", nullptr};
+  auto layer = load_without_qweight(module);
+  layer.weight.qweight = read(module + ".qweight", kI32, 2);
+  try {
+    validate_gptq_weight(layer.weight);
+  } catch (const c10::Error& e) {
+    throw InputError(file_of(module + ".qweight").path() + ": " + module + ": " +
+                     e.what_without_backtrace());
+  }
+  return layer;
+}
+
+GptqCheckpoint::Layer GptqCheckpoint::load_without_qweight(const std::string& module) const {
   static const char* const kScales[] = {"F16", "BF16", nullptr};
   static const char* const kBias[] = {"F16", "BF16", "F32", nullptr};
   const int b = config_.bits;
@@ -291,14 +329,14 @@ GptqCheckpoint::Layer GptqCheckpoint::load(const std::string& module) const {
   auto& w = layer.weight;
   w.bits = b;
   w.format = config_.format;
-  w.qweight = read(module + ".qweight", kI32, 2);
+  const auto qweight_shape = entry(module + ".qweight", kI32, 2).shape;
   w.qzeros = read(module + ".qzeros", kI32, 2);
   w.scales = read(module + ".scales", kScales, 2);
   w.g_idx = read(module + ".g_idx", kI32, 1);
   if (weight_map_.count(module + ".bias")) layer.bias = read(module + ".bias", kBias, 1);
 
   const std::string where = file_of(module + ".qweight").path() + ": " + module;
-  const int64_t K = w.g_idx.size(0), N = w.qweight.size(1);
+  const int64_t K = w.g_idx.size(0), N = qweight_shape[1];
   const auto expect = [&](const char* tensor, at::IntArrayRef got, std::vector<int64_t> want,
                           const std::string& why) {
     if (got != at::IntArrayRef(want)) {
@@ -314,7 +352,7 @@ GptqCheckpoint::Layer GptqCheckpoint::load(const std::string& module) const {
                      std::to_string(packing_multiple(b)) + " at " + std::to_string(b) + " bits");
   }
   const std::string bits_text = std::to_string(b) + "-bit";
-  expect("qweight", w.qweight.sizes(), {K * b / 32, N},
+  expect("qweight", qweight_shape, {K * b / 32, N},
          bits_text + ", in_features " + std::to_string(K) + " from g_idx");
   const int64_t G = num_groups(K, config_.group_size);
   expect("scales", w.scales.sizes(), {G, N},
@@ -349,11 +387,6 @@ GptqCheckpoint::Layer GptqCheckpoint::load(const std::string& module) const {
                        "a zero of 0 that v1 cannot represent (" + std::to_string(spilled.size(0)) +
                        " such zeros); re-export as gptq_v2");
     }
-  }
-  try {
-    validate_gptq_weight(w);
-  } catch (const c10::Error& e) {
-    throw InputError(where + ": " + e.what_without_backtrace());
   }
   return layer;
 }

@@ -57,9 +57,18 @@ class GptqCheckpoint {
     at::Tensor bias;    // undefined when the checkpoint has none
   };
   Layer load(const std::string& module) const;
+  // Low-memory loading: the module with qweight left undefined, every other tensor read and
+  // all of it checked as load() checks it (qweight's shape from the file's header) ...
+  Layer load_without_qweight(const std::string& module) const;
+  // ... and qweight's words as elements [begin, end) of a bit-exact `view` (int32, or a
+  // float view dtype), copied straight out of the mapped file: only those bytes are read.
+  at::Tensor read_qweight_elements(const std::string& module, at::ScalarType view, int64_t begin,
+                                   int64_t end) const;
 
  private:
   const safetensors::File& file_of(const std::string& tensor) const;
+  const safetensors::TensorEntry& entry(const std::string& tensor, const char* const* dtypes,
+                                        int64_t rank) const;
   at::Tensor read(const std::string& tensor, const char* const* dtypes, int64_t rank) const;
 
   std::string dir_;

@@ -166,11 +166,7 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   p.ref.lora_B = bridge::to_matrix(b);
   p.ref.scaling = c.scaling();
 
-  GptqWeight on_device = packed;
-  on_device.qweight = packed.qweight.to(c.device);
-  on_device.qzeros = packed.qzeros.to(c.device);
-  on_device.scales = packed.scales.to(c.device);
-  on_device.g_idx = packed.g_idx.to(c.device);
+  GptqWeight on_device = packed.to(c.device);
   // The baseline gets its own copy of the packed words: a prod that writes into its frozen
   // weights (a fault) must not move the baseline with it.
   GptqWeight base_copy = on_device;

@@ -7,8 +7,8 @@
 # STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
 # "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
-# multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL and the
-# Python FSDP2 test on 2 GPUs; "determinism": the smoke suite twice on CUDA, compared);
+# multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL, the
+# Python FSDP2 test on 2 GPUs and the shard-by-shard loading memory bench; "determinism": the smoke suite twice on CUDA, compared);
 # GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
@@ -59,6 +59,8 @@ if has_step fsdp; then
   run fsdp_cuda "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
   run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
   run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
+  # One rank's peak host and GPU memory loading a 70B layer whole vs shard by shard.
+  run shard_load_cuda "$BUILD_DIR/gradscope_shard_load_bench" --device cuda --world 1,2,4,8 --json "$OUT/shard_load_cuda.json"
 fi
 if has_step determinism; then
   # The smoke suite twice on CUDA: identical checks in the JSON (wall times and memory

@@ -41,11 +41,7 @@ TEST(Dequant, GIdxRangeIsRecheckedAfterAWrite) {
   std::vector<at::Device> devices = {at::kCPU};
   if (built_with_cuda() && at::hasCUDA()) devices.push_back(at::kCUDA);
   for (const auto& device : devices) {
-    auto w = hand_layer(ZeroPointFormat::kGptqV1);
-    w.qweight = w.qweight.to(device);
-    w.qzeros = w.qzeros.to(device);
-    w.scales = w.scales.to(device);
-    w.g_idx = w.g_idx.to(device);
+    auto w = hand_layer(ZeroPointFormat::kGptqV1).to(device);
     EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected())) << device;
     EXPECT_TRUE(dequantize_gptq(w, at::kFloat).cpu().equal(hand_expected())) << device;
     w.g_idx[3] = 5;  // in place: the version counter moves

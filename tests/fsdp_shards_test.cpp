@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "gradscope/fsdp_shards.h"
+#include "harness/checkpoint_shards.h"
 #include "harness/thread_ranks.h"
+#include "test_files.h"
 
 namespace gradscope {
 namespace {
@@ -65,6 +67,52 @@ TEST_P(ShardedParametersTest, ShardsReleaseGatherAndReduceScatter) {
       sharded.release();
       for (const auto& p : params) EXPECT_EQ(p.numel(), 0);
     });
+  }
+}
+
+// Low-memory loading from a checkpoint: each rank reads only its share of qweight, and the
+// gathered module is what load() reads, word for word, in every storage view.
+TEST_P(ShardedParametersTest, CheckpointModulesLoadShardByShard) {
+  const testing::TempDir tmp;
+  ExportOptions e;
+  e.dir = tmp.path("ckpt");
+  e.hidden = 128;
+  e.intermediate = 352;  // down_proj: 11 qweight rows at 4 bits, uneven over 2 and 3 ranks
+  e.heads = 4;
+  e.kv_heads = 2;
+  e.desc_act = true;
+  export_checkpoint(e);
+  const GptqCheckpoint ckpt(e.dir);
+  for (const auto view : {at::kInt, at::kFloat, at::kBFloat16}) {
+    for (int world : {2, 3}) {
+      on_ranks(world, [&](int rank, const c10::intrusive_ptr<c10d::Backend>& backend) {
+        for (const auto& module : ckpt.modules()) {
+          const std::string where = module + " " + std::string(c10::toString(view)) + " rank " +
+                                    std::to_string(rank) + "/" + std::to_string(world);
+          auto sharded = shard_checkpoint_module(ckpt, module, view, GetParam(), backend, at::kCPU);
+          const auto want = ckpt.load(module).weight;
+          int64_t held = 0;
+          for (const auto& s : sharded.shards->shards()) held += s.nbytes();
+          for (const auto& p : sharded.parameters) EXPECT_EQ(p.numel(), 0) << where;
+          // This rank's share of the words, not the layer: 1/world of each tensor plus at
+          // most one row of padding.
+          int64_t bound = 0;
+          for (const auto& t : {want.qweight, want.qzeros, want.scales, want.g_idx}) {
+            bound += (static_cast<int64_t>(t.nbytes()) + world - 1) / world +
+                     static_cast<int64_t>(t.nbytes()) / t.size(0);
+          }
+          EXPECT_LE(held, bound) << where;
+          sharded.shards->gather();
+          const auto got = sharded.packed();
+          EXPECT_TRUE(at::equal(got.qweight, want.qweight)) << where;
+          EXPECT_TRUE(at::equal(got.qzeros, want.qzeros)) << where;
+          EXPECT_TRUE(at::equal(got.scales, want.scales)) << where;
+          EXPECT_TRUE(at::equal(got.g_idx, want.g_idx)) << where;
+          EXPECT_EQ(got.bits, want.bits);
+          EXPECT_EQ(got.format, want.format);
+        }
+      });
+    }
   }
 }
 

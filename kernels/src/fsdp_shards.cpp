@@ -21,39 +21,109 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 
 }  // namespace
 
-ShardedParameters::ShardedParameters(std::vector<at::Tensor> params, ShardingStrategy strategy,
-                                     c10::intrusive_ptr<c10d::Backend> backend)
+ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
+                                     const std::vector<ParameterLayout>& layouts,
+                                     const ElementReader& read, ShardingStrategy strategy,
+                                     c10::intrusive_ptr<c10d::Backend> backend, at::Device device)
     : params_(std::move(params)), strategy_(strategy), backend_(std::move(backend)) {
-  const int64_t world = world_size();
-  for (const auto& p : params_) {
-    TORCH_CHECK(p.dim() >= 1, "ShardedParameters: a parameter has no dimension to shard");
-    shapes_.push_back(p.sizes().vec());
+  TORCH_CHECK(params_.size() == layouts.size(), "ShardedParameters: ", params_.size(),
+              " parameters for ", layouts.size(), " layouts");
+  const int64_t world = world_size(), rank = this->rank();
+  for (const auto& l : layouts) {
+    TORCH_CHECK(!l.shape.empty(), "ShardedParameters: a parameter has no dimension to shard");
+    shapes_.push_back(l.shape);
   }
+  const auto options = [&](size_t i) { return at::TensorOptions(layouts[i].dtype).device(device); };
+  // Elements [begin, end) of parameter i on `device`, checked against what was asked for.
+  const auto piece = [&](size_t i, int64_t begin, int64_t end) {
+    auto t = read(i, begin, end);
+    TORCH_CHECK(t.dim() == 1 && t.numel() == end - begin && t.scalar_type() == layouts[i].dtype,
+                "ShardedParameters: the reader gave ", t.sizes(), " ", t.scalar_type(),
+                " for elements [", begin, ", ", end, ") of parameter ", i, " (", layouts[i].dtype,
+                ")");
+    return t.to(device);
+  };
   if (strategy_ == ShardingStrategy::kFlat) {
-    for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t i = 0; i < layouts.size(); ++i) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const Group& g) {
-        return params_[g.members.front()].scalar_type() == params_[i].scalar_type();
+        return layouts[g.members.front()].dtype == layouts[i].dtype;
       });
       if (it == groups_.end()) it = groups_.insert(groups_.end(), Group{});
       it->members.push_back(i);
-      it->numel += params_[i].numel();
+      it->numel += c10::multiply_integers(layouts[i].shape);
     }
+    // This rank's range of the group's concatenation, zero padded at the end.
     for (auto& g : groups_) {
       g.shard_numel = ceil_div(g.numel, world);
-      shards_.push_back(shard_of(flatten(g, params_), g.shard_numel));
+      const int64_t lo = rank * g.shard_numel, hi = lo + g.shard_numel;
+      std::vector<at::Tensor> parts;
+      int64_t offset = 0, filled = 0;
+      for (size_t m : g.members) {
+        const int64_t n = c10::multiply_integers(layouts[m].shape);
+        const int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+        if (a < b) {
+          parts.push_back(piece(m, a - offset, b - offset));
+          filled += b - a;
+        }
+        offset += n;
+      }
+      if (filled < g.shard_numel) {
+        parts.push_back(at::zeros({g.shard_numel - filled}, options(g.members.front())));
+      }
+      shards_.push_back(parts.size() == 1 ? parts.front() : at::cat(parts));
     }
   } else {
-    for (const auto& p : params_) {
-      const int64_t per = ceil_div(p.size(0), world);
-      shards_.push_back(shard_of(padded_rows(p, per * world), per));
+    // Rows [rank * per, (rank + 1) * per) of each parameter, zero rows past its end.
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      const auto& shape = layouts[i].shape;
+      const int64_t rows = shape[0], per = ceil_div(rows, world);
+      const int64_t row_numel = rows ? c10::multiply_integers(shape) / rows : 0;
+      const int64_t a = std::min(rows, rank * per), b = std::min(rows, a + per);
+      auto sizes = shape;
+      sizes[0] = per;
+      if (b - a == per) {  // no padding: the piece is the shard
+        shards_.push_back(piece(i, a * row_numel, b * row_numel).view(sizes));
+        continue;
+      }
+      auto shard = at::zeros(sizes, options(i));
+      if (a < b) shard.narrow(0, 0, b - a).view(-1).copy_(piece(i, a * row_numel, b * row_numel));
+      shards_.push_back(shard);
     }
   }
-  release();
+  const at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(params_[i].scalar_type() == layouts[i].dtype, "ShardedParameters: parameter ", i,
+                " is ", params_[i].scalar_type(), ", its layout says ", layouts[i].dtype);
+    // set_data: the parameter may move to `device` (set_ keeps a tensor on its device).
+    params_[i].set_data(at::empty({0}, options(i)));
+  }
 }
 
-at::Tensor ShardedParameters::shard_of(const at::Tensor& full, int64_t shard_size) const {
-  return full.narrow(0, rank() * shard_size, shard_size).clone();
+namespace {
+
+std::vector<ParameterLayout> layouts_of(const std::vector<at::Tensor>& params) {
+  std::vector<ParameterLayout> layouts;
+  for (const auto& p : params) layouts.push_back({p.sizes().vec(), p.scalar_type()});
+  return layouts;
 }
+
+// Reads from the full tensors themselves; the shards copy what they keep.
+ElementReader reader_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : params) flat.push_back(p.reshape(-1));
+  return [flat](size_t i, int64_t begin, int64_t end) {
+    return flat[i].narrow(0, begin, end - begin).clone();
+  };
+}
+
+}  // namespace
+
+ShardedParameters::ShardedParameters(std::vector<at::Tensor> params, ShardingStrategy strategy,
+                                     c10::intrusive_ptr<c10d::Backend> backend,
+                                     std::optional<at::Device> device)
+    : ShardedParameters(
+          params, layouts_of(params), reader_of(params), strategy, std::move(backend),
+          device ? *device : (params.empty() ? at::Device(at::kCPU) : params.front().device())) {}
 
 at::Tensor ShardedParameters::flatten(const Group& g,
                                       const std::vector<at::Tensor>& tensors) const {

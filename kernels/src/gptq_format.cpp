@@ -314,6 +314,12 @@ void remember_g_idx_checked(const at::Tensor& g_idx, int64_t groups) {
 
 }  // namespace
 
+GptqWeight GptqWeight::to(at::Device device) const {
+  GptqWeight w = *this;
+  for (at::Tensor* t : {&w.qweight, &w.qzeros, &w.scales, &w.g_idx}) *t = t->to(device);
+  return w;
+}
+
 void validate_gptq_weight(const GptqWeight& w) {
   check_bits(w.bits);
   const auto qweight = as_packed_words(w.qweight, "qweight");

@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <functional>
+#include <optional>
 #include <vector>
 
 namespace gradscope {
@@ -19,12 +21,32 @@ enum class ShardingStrategy {
                   // world size)
 };
 
+// A parameter as a loader knows it before reading any of its bytes.
+struct ParameterLayout {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+// Elements [begin, end) of parameter `index`, row-major, as a 1-D tensor of its dtype that the
+// caller may keep (on any device).
+using ElementReader = std::function<at::Tensor(size_t index, int64_t begin, int64_t end)>;
+
 class ShardedParameters {
  public:
-  // `params` are the full tensors, identical on every rank. Keeps this rank's shards and
-  // releases the full tensors' storage (the tensors stay, empty) until gather().
+  // Low-memory loading: reads only this rank's elements through `read`, a piece at a time,
+  // and keeps them on `device`; `params` (one per layout) are set to empty tensors on
+  // `device` and get their full value only in gather(). Neither another rank's elements nor
+  // a full parameter are ever read or allocated here.
+  ShardedParameters(std::vector<at::Tensor> params, const std::vector<ParameterLayout>& layouts,
+                    const ElementReader& read, ShardingStrategy strategy,
+                    c10::intrusive_ptr<c10d::Backend> backend, at::Device device);
+  // `params` are the full tensors, identical on every rank (on any device). Keeps this rank's
+  // shards on `device` (default: the parameters' own) and releases the full tensors' storage
+  // (the tensors stay, empty, on `device`) until gather(): a module built on the host from
+  // packed tensors moves to a GPU shard by shard, never whole.
   ShardedParameters(std::vector<at::Tensor> params, ShardingStrategy strategy,
-                    c10::intrusive_ptr<c10d::Backend> backend);
+                    c10::intrusive_ptr<c10d::Backend> backend,
+                    std::optional<at::Device> device = std::nullopt);
 
   // All-gather: every parameter gets its full value back, in its own tensor.
   void gather();
@@ -47,7 +69,6 @@ class ShardedParameters {
     std::vector<size_t> members;
     int64_t numel = 0, shard_numel = 0;
   };
-  at::Tensor shard_of(const at::Tensor& full_padded_flat_or_rows, int64_t shard_size) const;
   at::Tensor flatten(const Group& g, const std::vector<at::Tensor>& tensors) const;
 
   std::vector<at::Tensor> params_;

@@ -87,6 +87,8 @@ struct GptqWeight {
 
   int64_t in_features() const { return g_idx.size(0); }
   int64_t out_features() const { return scales.size(1); }
+  // The same layer with every tensor on `device` (no copy for a tensor already there).
+  GptqWeight to(at::Device device) const;
 };
 
 GptqWeight pack_gptq(const QuantizedWeight& quantized, int bits, ZeroPointFormat format,
