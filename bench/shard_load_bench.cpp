@@ -177,10 +177,20 @@ int main(int argc, char** argv) {
     const auto view = view_name == "int32" ? at::kInt : dtype_from_name(view_name);
     const at::Device device(device_name == "cuda" ? at::kCUDA : at::kCPU, 0);
     std::vector<int> worlds;
-    for (size_t at = 0; at < worlds_text.size();) {
+    for (size_t at = 0; at <= worlds_text.size();) {
       const size_t comma = std::min(worlds_text.find(',', at), worlds_text.size());
-      worlds.push_back(std::stoi(worlds_text.substr(at, comma - at)));
-      if (worlds.back() < 1) throw std::invalid_argument("--world: sizes must be >= 1");
+      const std::string item = worlds_text.substr(at, comma - at);
+      size_t used = 0;
+      int world = 0;
+      try {
+        world = std::stoi(item, &used);
+      } catch (const std::exception&) {
+      }
+      if (item.empty() || used != item.size() || world < 1) {
+        throw std::invalid_argument("--world: expected comma-separated sizes >= 1, got \"" +
+                                    worlds_text + "\"");
+      }
+      worlds.push_back(world);
       at = comma + 1;
     }
     if (!measure.empty()) {
@@ -193,15 +203,24 @@ int main(int argc, char** argv) {
     const ssize_t len = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     if (len <= 0) throw std::runtime_error("cannot read /proc/self/exe");
     const std::string self(self_path, static_cast<size_t>(len));
-    std::string scratch;
+    // The exported checkpoint goes, whatever happens after.
+    struct Scratch {
+      std::string dir;
+      ~Scratch() {
+        if (!dir.empty()) files::remove_tree(dir);
+      }
+    } scratch;
     if (dir.empty()) {
-      scratch = files::make_temp_dir("gradscope-shard-load");
-      e.dir = scratch + "/ckpt";
+      scratch.dir = files::make_temp_dir("gradscope-shard-load");
+      e.dir = scratch.dir + "/ckpt";
       std::printf("exporting one %ld/%ld layer (%d-bit, group %d) ...\n", e.hidden, e.intermediate,
                   e.bits, e.group_size);
       std::fflush(stdout);
       export_checkpoint(e);
       dir = e.dir;
+    }
+    if (GptqCheckpoint(dir).modules().empty()) {  // also fails early on a bad folder
+      throw std::invalid_argument(dir + ": no GPTQ module (no tensor named *.qweight)");
     }
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
     std::printf("%-6s %14s %14s %8s %14s %14s %8s %12s\n", "world", "whole host", "sharded host",
@@ -232,7 +251,6 @@ int main(int argc, char** argv) {
         "before loading: anonymous memory plus the touched pages of the mapped file; device = "
         "torch's allocator peak; held = the rank's shards; ratio = sharded / whole)\n",
         view_name.c_str());
-    if (!scratch.empty()) files::remove_tree(scratch);
     if (!json_path.empty()) report::write_file_atomically(json_path, rows.dump(2) + "\n");
   } catch (const std::exception& ex) {
     std::cerr << "gradscope_shard_load_bench: error: " << ex.what() << "\n";
