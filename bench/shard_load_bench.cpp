@@ -18,6 +18,7 @@
 #endif
 
 #include <CLI/CLI.hpp>
+#include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -72,12 +73,12 @@ Peak load_rank(const std::string& dir, bool sharded, int world, at::ScalarType v
                                              backend, device));
       continue;
     }
-    const auto w = ckpt.load(module).weight.to(device);
-    const auto as_view = [&](const at::Tensor& words) {
-      return view == at::kInt ? words : as_float_view(words, view);
-    };
+    const auto layer = ckpt.load(module);
+    const auto w = layer.weight.to(device);
     ShardedModule m;
-    m.parameters = {as_view(w.qweight), as_view(w.qzeros), w.scales, as_view(w.g_idx)};
+    m.parameters = {as_stored_words(w.qweight, view), as_stored_words(w.qzeros, view), w.scales,
+                    as_stored_words(w.g_idx, view)};
+    if (layer.bias.defined()) m.parameters.push_back(layer.bias.to(device));
     m.shards =
         std::make_unique<ShardedParameters>(m.parameters, ShardingStrategy::kPerParameter, backend);
     kept.push_back(std::move(m));
@@ -119,7 +120,11 @@ Peak measure_in_child(const std::string& self, const std::string& dir, bool shar
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw std::runtime_error("fork failed");
+  }
   if (pid == 0) {
     close(fds[0]);
     dup2(fds[1], STDOUT_FILENO);
@@ -135,9 +140,13 @@ Peak measure_in_child(const std::string& self, const std::string& dir, bool shar
   waitpid(pid, &status, 0);
   Peak p;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-      std::sscanf(text.c_str(), "%ld %ld %ld", &p.host, &p.device, &p.held) != 3) {
+      std::sscanf(text.c_str(), "%" SCNd64 " %" SCNd64 " %" SCNd64, &p.host, &p.device, &p.held) !=
+          3) {
+    const std::string how = WIFSIGNALED(status)
+                                ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                : "exit status " + std::to_string(WEXITSTATUS(status));
     throw std::runtime_error(std::string("the ") + (sharded ? "sharded" : "whole") +
-                             " load of world " + std::to_string(world) + " failed");
+                             " load of world " + std::to_string(world) + " failed (" + how + ")");
   }
   return p;
 }
@@ -195,7 +204,7 @@ int main(int argc, char** argv) {
     }
     if (!measure.empty()) {
       const auto p = bench::load_rank(dir, measure == "sharded", worlds.front(), view, device);
-      std::printf("%ld %ld %ld\n", p.host, p.device, p.held);
+      std::printf("%" PRId64 " %" PRId64 " %" PRId64 "\n", p.host, p.device, p.held);
       return 0;
     }
     // This program, for the measuring children.
@@ -213,8 +222,8 @@ int main(int argc, char** argv) {
     if (dir.empty()) {
       scratch.dir = files::make_temp_dir("gradscope-shard-load");
       e.dir = scratch.dir + "/ckpt";
-      std::printf("exporting one %ld/%ld layer (%d-bit, group %d) ...\n", e.hidden, e.intermediate,
-                  e.bits, e.group_size);
+      std::printf("exporting one %" PRId64 "/%" PRId64 " layer (%d-bit, group %d) ...\n", e.hidden,
+                  e.intermediate, e.bits, e.group_size);
       std::fflush(stdout);
       export_checkpoint(e);
       dir = e.dir;

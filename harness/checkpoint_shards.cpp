@@ -5,29 +5,27 @@
 namespace gradscope {
 
 GptqWeight ShardedModule::packed() const {
-  GptqWeight w;
-  w.qweight = as_packed_words(parameters[0], "qweight");
-  w.qzeros = as_packed_words(parameters[1], "qzeros");
-  w.scales = parameters[2];
-  w.g_idx = as_packed_words(parameters[3], "g_idx");
-  w.bits = bits;
-  w.format = format;
-  return w;
+  return packed_from_storage(parameters[0], parameters[1], parameters[2], parameters[3], bits,
+                             format);
+}
+
+at::Tensor ShardedModule::bias() const {
+  return parameters.size() > 4 ? parameters[4] : at::Tensor();
 }
 
 ShardedModule shard_checkpoint_module(const GptqCheckpoint& checkpoint, const std::string& module,
                                       at::ScalarType view, ShardingStrategy strategy,
                                       c10::intrusive_ptr<c10d::Backend> backend,
                                       at::Device device) {
-  const auto small = checkpoint.load_without_qweight(module).weight;
-  const auto as_view = [&](const at::Tensor& words) {
-    return view == at::kInt ? words : as_float_view(words, view);
-  };
+  const auto loaded = checkpoint.load_without_qweight(module);
+  const auto& small = loaded.weight;
   // qweight's shape in `view` elements: int32 [R, C] is [R, C * 4 / size(view)].
   const int64_t K = small.in_features();
   const int64_t rows = K * small.bits / 32;
   const int64_t cols = small.scales.size(1) * 4 / static_cast<int64_t>(c10::elementSize(view));
-  const std::vector<at::Tensor> kept = {as_view(small.qzeros), small.scales, as_view(small.g_idx)};
+  std::vector<at::Tensor> kept = {as_stored_words(small.qzeros, view), small.scales,
+                                  as_stored_words(small.g_idx, view)};
+  if (loaded.bias.defined()) kept.push_back(loaded.bias);
   std::vector<ParameterLayout> layouts = {{{rows, cols}, view}};
   for (const auto& t : kept) layouts.push_back({t.sizes().vec(), t.scalar_type()});
   // The small tensors serve their pieces from host memory.

@@ -14,8 +14,9 @@
 namespace gradscope {
 
 struct ShardedModule {
-  // qweight, qzeros, scales, g_idx: packed words as a bit-exact `view` (int32 or a float
-  // dtype, as QuantLinear stores them), scales in their own dtype. Empty until gather().
+  // qweight, qzeros, scales, g_idx (and bias where the checkpoint has one): packed words as
+  // a bit-exact `view` (int32 or a float dtype, as QuantLinear stores them), scales and bias
+  // in their own dtype. Empty until gather().
   std::vector<at::Tensor> parameters;
   std::unique_ptr<ShardedParameters> shards;
   int bits = 4;
@@ -23,6 +24,7 @@ struct ShardedModule {
 
   // The gathered parameters as the packed layer (int32 views, no copy); after gather().
   GptqWeight packed() const;
+  at::Tensor bias() const;  // undefined when the checkpoint has none
 };
 
 ShardedModule shard_checkpoint_module(const GptqCheckpoint& checkpoint, const std::string& module,

@@ -2,8 +2,8 @@
 
 #include <ATen/Context.h>
 
-#include <cstdlib>
 #include <torch/version.h>
+#include <cstdlib>
 
 #include "gradscope/dequant.h"
 

@@ -208,10 +208,13 @@ class FsdpRunner final : public CaseRunner {
         });
     files::remove_tree(scratch);
     sharded_time.finish("sharded", result.metrics);
+    // Every rank's error: the first rank's may only be a timeout waiting for another's.
+    std::string failed;
     for (int64_t r = 0; r < f.world_size; ++r) {
-      if (!errors[r].empty()) {
-        throw std::runtime_error("fsdp rank " + std::to_string(r) + ": " + errors[r]);
-      }
+      if (!errors[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + errors[r];
+    }
+    if (!failed.empty()) throw std::runtime_error("fsdp ranks failed:" + failed);
+    for (int64_t r = 0; r < f.world_size; ++r) {
       for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
     }
     const reference::ProjectionGrads* refs[] = {&ref.gate, &ref.up, &ref.down};

@@ -254,6 +254,7 @@ std::vector<std::string> GptqCheckpoint::modules() const {
 const safetensors::File& GptqCheckpoint::file_of(const std::string& tensor) const {
   const auto it = weight_map_.find(tensor);
   if (it == weight_map_.end()) throw InputError(dir_ + ": no tensor " + tensor);
+  const std::lock_guard<std::mutex> lock(files_mutex_);
   auto& file = files_[it->second];
   if (!file) file = std::make_unique<safetensors::File>(it->second);
   return *file;
@@ -295,7 +296,13 @@ at::Tensor GptqCheckpoint::read_qweight_elements(const std::string& module, at::
   const auto& e = entry(name, kI32, 2);
   const int64_t size = static_cast<int64_t>(c10::elementSize(view));
   const int64_t count = static_cast<int64_t>(e.end - e.begin) / size;
-  if (size > 4 || begin < 0 || begin > end || end > count) {
+  if (4 % size != 0) {
+    throw std::invalid_argument(name +
+                                ": a view of int32 words needs elements of 1, 2 or 4 "
+                                "bytes, not " +
+                                std::string(c10::toString(view)));
+  }
+  if (begin < 0 || begin > end || end > count) {
     throw std::out_of_range(file_of(name).path() + ": " + name + " as " +
                             std::string(c10::toString(view)) + " has " + std::to_string(count) +
                             " elements; asked for [" + std::to_string(begin) + ", " +

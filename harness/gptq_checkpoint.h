@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,8 @@ class GptqCheckpoint {
   std::unique_ptr<ModelDims> dims_;
   std::string dims_error_;
   std::map<std::string, std::string> weight_map_;  // tensor name -> file path
+  // Opened on first use; ranks as threads share one checkpoint, hence the lock.
+  mutable std::mutex files_mutex_;
   mutable std::map<std::string, std::unique_ptr<safetensors::File>> files_;
 };
 

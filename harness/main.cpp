@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   // layer case's run time on 2 cores went to clear_page and page faults (perf). Served from a
   // heap that keeps freed memory instead: base phase 12.5 -> 7.3 s, generate 7.7 -> 6.6 s
   // (docs/measurements/malloc-reuse-cpu.log). Resident memory stays at its high-water mark.
+  // This governs the main arena; other threads' arenas still map requests above their
+  // 64 MiB heaps (glibc), which the large matrices of the CPU phases are not.
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
   return gradscope::run_cli(argc, argv);

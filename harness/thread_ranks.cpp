@@ -43,27 +43,38 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
   // status map outside its lock, at the group's first collective: groups on concurrent
   // threads corrupt the map (ASan in CI: SEGV in _Rb_tree_insert_and_rebalance under
   // FlightRecorder::recordWithResetEnabled, torch 2.11; 1 in a few hundred runs). It is a
-  // post-mortem aid for multi-process jobs; switched off before any group exists, and before
-  // the threads start because setenv is not thread safe.
+  // post-mortem aid for multi-process jobs. The recorder reads this once, when the process's
+  // first group records: the CLI and the tests make groups only here, so this comes first;
+  // before the threads start because setenv is not thread safe.
   setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
   const auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
+  // A thread that cannot start leaves the others to finish (or time out) and be joined: a
+  // joinable std::thread destroyed would terminate the process.
+  const auto join_all = [&] {
+    for (auto& t : threads) t.join();
+  };
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
+    try {
+      threads.emplace_back([&, r] {
+        try {
 #ifdef GRADSCOPE_WITH_CUDA
-        std::optional<c10::cuda::CUDAGuard> guard;
-        if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
+          std::optional<c10::cuda::CUDAGuard> guard;
+          if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
 #endif
-        body(r, make_backend(device_type, store, r, world, timeout));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-        if (errors[r].empty()) errors[r] = "an exception without a message";
-      }
-    });
+          body(r, make_backend(device_type, store, r, world, timeout));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          if (errors[r].empty()) errors[r] = "an exception without a message";
+        }
+      });
+    } catch (...) {
+      join_all();
+      throw;
+    }
   }
-  for (auto& t : threads) t.join();
+  join_all();
   return errors;
 }
 

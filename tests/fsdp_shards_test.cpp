@@ -81,6 +81,8 @@ TEST_P(ShardedParametersTest, CheckpointModulesLoadShardByShard) {
   e.heads = 4;
   e.kv_heads = 2;
   e.desc_act = true;
+  e.layers = 2;
+  e.shards = 2;  // two files, opened on first use by whichever rank thread comes first
   export_checkpoint(e);
   const GptqCheckpoint ckpt(e.dir);
   for (const auto view : {at::kInt, at::kFloat, at::kBFloat16}) {
@@ -114,6 +116,40 @@ TEST_P(ShardedParametersTest, CheckpointModulesLoadShardByShard) {
       });
     }
   }
+}
+
+// A module with a bias (Qwen's q/k/v have one) keeps it: sharded and gathered like the rest.
+TEST_P(ShardedParametersTest, CheckpointBiasIsShardedToo) {
+  const testing::TempDir tmp;
+  ExportOptions e;
+  e.dir = tmp.path("ckpt");
+  e.hidden = 128;
+  e.intermediate = 352;
+  e.heads = 4;
+  e.kv_heads = 2;
+  export_checkpoint(e);
+  // Rewrite the single file with a bias for q_proj (config files stay as exported).
+  const std::string module = module_name(0, "q_proj");
+  const std::string path = e.dir + "/model.safetensors";
+  const auto bias = at::linspace(-1, 1, 128, at::kHalf);
+  {
+    std::vector<safetensors::OutputTensor> tensors;
+    const safetensors::File file(path);
+    for (const auto& entry : file.header().tensors) {
+      tensors.push_back(to_safetensors(entry.name, from_safetensors(file, entry)));
+    }
+    tensors.push_back(to_safetensors(module + ".bias", bias));
+    safetensors::write_file(path, tensors, file.header().metadata);
+  }
+  const GptqCheckpoint ckpt(e.dir);
+  on_ranks(2, [&](int, const c10::intrusive_ptr<c10d::Backend>& backend) {
+    auto sharded =
+        shard_checkpoint_module(ckpt, module, at::kBFloat16, GetParam(), backend, at::kCPU);
+    ASSERT_EQ(sharded.parameters.size(), 5u);
+    sharded.shards->gather();
+    EXPECT_TRUE(at::equal(sharded.bias(), bias));
+    EXPECT_TRUE(at::equal(sharded.packed().qweight, ckpt.load(module).weight.qweight));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ShardedParametersTest,

@@ -29,9 +29,12 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
   TORCH_CHECK(params_.size() == layouts.size(), "ShardedParameters: ", params_.size(),
               " parameters for ", layouts.size(), " layouts");
   const int64_t world = world_size(), rank = this->rank();
-  for (const auto& l : layouts) {
-    TORCH_CHECK(!l.shape.empty(), "ShardedParameters: a parameter has no dimension to shard");
-    shapes_.push_back(l.shape);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    TORCH_CHECK(!layouts[i].shape.empty(),
+                "ShardedParameters: a parameter has no dimension to shard");
+    TORCH_CHECK(params_[i].scalar_type() == layouts[i].dtype, "ShardedParameters: parameter ", i,
+                " is ", params_[i].scalar_type(), ", its layout says ", layouts[i].dtype);
+    shapes_.push_back(layouts[i].shape);
   }
   const auto options = [&](size_t i) { return at::TensorOptions(layouts[i].dtype).device(device); };
   // Elements [begin, end) of parameter i on `device`, checked against what was asked for.
@@ -67,7 +70,7 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
         }
         offset += n;
       }
-      if (filled < g.shard_numel) {
+      if (filled < g.shard_numel || parts.empty()) {  // parts is empty for an empty group
         parts.push_back(at::zeros({g.shard_numel - filled}, options(g.members.front())));
       }
       shards_.push_back(parts.size() == 1 ? parts.front() : at::cat(parts));
@@ -92,8 +95,6 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
   }
   const at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    TORCH_CHECK(params_[i].scalar_type() == layouts[i].dtype, "ShardedParameters: parameter ", i,
-                " is ", params_[i].scalar_type(), ", its layout says ", layouts[i].dtype);
     // set_data: the parameter may move to `device` (set_ keeps a tensor on its device).
     params_[i].set_data(at::empty({0}, options(i)));
   }

@@ -314,6 +314,23 @@ void remember_g_idx_checked(const at::Tensor& g_idx, int64_t groups) {
 
 }  // namespace
 
+at::Tensor as_stored_words(const at::Tensor& words, at::ScalarType storage_dtype) {
+  return storage_dtype == at::kInt ? words : as_float_view(words, storage_dtype);
+}
+
+GptqWeight packed_from_storage(const at::Tensor& qweight, const at::Tensor& qzeros,
+                               const at::Tensor& scales, const at::Tensor& g_idx, int bits,
+                               ZeroPointFormat format) {
+  GptqWeight w;
+  w.qweight = as_packed_words(qweight, "qweight");
+  w.qzeros = as_packed_words(qzeros, "qzeros");
+  w.g_idx = as_packed_words(g_idx, "g_idx").view({-1});
+  w.scales = scales;
+  w.bits = bits;
+  w.format = format;
+  return w;
+}
+
 GptqWeight GptqWeight::to(at::Device device) const {
   GptqWeight w = *this;
   for (at::Tensor* t : {&w.qweight, &w.qzeros, &w.scales, &w.g_idx}) *t = t->to(device);

@@ -69,14 +69,7 @@ void QuantLinearImpl::check_storage_dtypes() const {
 
 GptqWeight QuantLinearImpl::packed() const {
   check_storage_dtypes();
-  GptqWeight w;
-  w.qweight = as_packed_words(qweight_, "qweight");
-  w.qzeros = as_packed_words(qzeros_, "qzeros");
-  w.g_idx = as_packed_words(g_idx_, "g_idx").view({-1});
-  w.scales = scales_;
-  w.bits = bits_;
-  w.format = format_;
-  return w;
+  return packed_from_storage(qweight_, qzeros_, scales_, g_idx_, bits_, format_);
 }
 
 void QuantLinearImpl::check_packed_intact() const {

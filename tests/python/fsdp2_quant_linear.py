@@ -92,6 +92,7 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
         torch.cuda.set_device(device)
     report = {}
     # Does fully_shard take int32 words as parameters directly?
+    probe = None
     try:
         probe, _ = make_model(library, fixture, None)
         fully_shard(probe.to(device))
@@ -122,7 +123,7 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
     # a noexcept destructor: std::terminate, "terminate called without an active exception"
     # (core dump: ProcessGroupGloo::runLoop -> ~AsyncAllgatherCoalescedWork -> decref ->
     # take_gil -> pthread_exit). Seen in about 1 run in 8 before; 0 in 50 after.
-    del model, probe
+    del model, probe, layer
     gc.collect()
     dist.destroy_process_group()
 

@@ -41,9 +41,9 @@ class ShardedParameters {
                     const ElementReader& read, ShardingStrategy strategy,
                     c10::intrusive_ptr<c10d::Backend> backend, at::Device device);
   // `params` are the full tensors, identical on every rank (on any device). Keeps this rank's
-  // shards on `device` (default: the parameters' own) and releases the full tensors' storage
-  // (the tensors stay, empty, on `device`) until gather(): a module built on the host from
-  // packed tensors moves to a GPU shard by shard, never whole.
+  // shards on `device` (default: the first parameter's device, for all) and releases the full
+  // tensors' storage (the tensors stay, empty, on `device`) until gather(): a module built on the
+  // host from packed tensors moves to a GPU shard by shard, never whole.
   ShardedParameters(std::vector<at::Tensor> params, ShardingStrategy strategy,
                     c10::intrusive_ptr<c10d::Backend> backend,
                     std::optional<at::Device> device = std::nullopt);

@@ -102,6 +102,14 @@ at::Tensor as_packed_words(const at::Tensor& words, const char* name);
 // The inverse: a bit-exact float view of int32 words.
 at::Tensor as_float_view(const at::Tensor& words, at::ScalarType view_dtype);
 
+// Packed words as stored: int32 as they are, or as a bit-exact float view (as_float_view).
+at::Tensor as_stored_words(const at::Tensor& words, at::ScalarType storage_dtype);
+
+// A layer from its stored tensors, packed words viewed back to int32 (no copy).
+GptqWeight packed_from_storage(const at::Tensor& qweight, const at::Tensor& qzeros,
+                               const at::Tensor& scales, const at::Tensor& g_idx, int bits,
+                               ZeroPointFormat format);
+
 // Checks shapes, dtypes, devices and g_idx range; throws c10::Error whose
 // message names the offending tensor and what was expected.
 void validate_gptq_weight(const GptqWeight& weight);
