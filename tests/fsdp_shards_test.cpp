@@ -70,16 +70,23 @@ TEST_P(ShardedParametersTest, ShardsReleaseGatherAndReduceScatter) {
   }
 }
 
+// A checkpoint of small layers in `tmp`; down_proj has 11 qweight rows at 4 bits, uneven
+// over 2 and 3 ranks.
+ExportOptions small_layers(const testing::TempDir& tmp) {
+  ExportOptions e;
+  e.dir = tmp.path("ckpt");
+  e.hidden = 128;
+  e.intermediate = 352;
+  e.heads = 4;
+  e.kv_heads = 2;
+  return e;
+}
+
 // Low-memory loading from a checkpoint: each rank reads only its share of qweight, and the
 // gathered module is what load() reads, word for word, in every storage view.
 TEST_P(ShardedParametersTest, CheckpointModulesLoadShardByShard) {
   const testing::TempDir tmp;
-  ExportOptions e;
-  e.dir = tmp.path("ckpt");
-  e.hidden = 128;
-  e.intermediate = 352;  // down_proj: 11 qweight rows at 4 bits, uneven over 2 and 3 ranks
-  e.heads = 4;
-  e.kv_heads = 2;
+  auto e = small_layers(tmp);
   e.desc_act = true;
   e.layers = 2;
   e.shards = 2;  // two files, opened on first use by whichever rank thread comes first
@@ -121,12 +128,7 @@ TEST_P(ShardedParametersTest, CheckpointModulesLoadShardByShard) {
 // A module with a bias (Qwen's q/k/v have one) keeps it: sharded and gathered like the rest.
 TEST_P(ShardedParametersTest, CheckpointBiasIsShardedToo) {
   const testing::TempDir tmp;
-  ExportOptions e;
-  e.dir = tmp.path("ckpt");
-  e.hidden = 128;
-  e.intermediate = 352;
-  e.heads = 4;
-  e.kv_heads = 2;
+  const auto e = small_layers(tmp);
   export_checkpoint(e);
   // Rewrite the single file with a bias for q_proj (config files stay as exported).
   const std::string module = module_name(0, "q_proj");
