@@ -2,15 +2,18 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "reference/row_parallel.h"
 
 namespace gradscope::reference {
 
 Matrix rmsnorm_forward(const Matrix& x, const RmsNorm& norm) {
   Matrix y(x.rows(), x.cols());
-  for (int64_t t = 0; t < x.rows(); ++t) {
+  for_each_row(x.rows(), [&](int64_t t) {
     const double r = 1.0 / std::sqrt(x.row(t).squaredNorm() / x.cols() + norm.eps);
     y.row(t) = (x.row(t) * r).cwiseProduct(norm.weight);
-  }
+  });
   return y;
 }
 
@@ -18,11 +21,11 @@ Matrix rmsnorm_backward(const Matrix& x, const Matrix& dy, const RmsNorm& norm) 
   // y = x r w with r = (mean(x^2) + eps)^(-1/2): dx = r (dy w) - x r^3 <dy w, x> / D.
   Matrix dx(x.rows(), x.cols());
   const double d = static_cast<double>(x.cols());
-  for (int64_t t = 0; t < x.rows(); ++t) {
+  for_each_row(x.rows(), [&](int64_t t) {
     const double r = 1.0 / std::sqrt(x.row(t).squaredNorm() / d + norm.eps);
     const Eigen::RowVectorXd g = dy.row(t).cwiseProduct(norm.weight);
     dx.row(t) = r * g - x.row(t) * (r * r * r * g.dot(x.row(t)) / d);
-  }
+  });
   return dx;
 }
 
@@ -32,7 +35,7 @@ namespace {
 Matrix rotate(const Matrix& x, const AttentionShape& s, int64_t heads, double sign) {
   Matrix y(x.rows(), x.cols());
   const int64_t d = s.head_dim, half = d / 2;
-  for (int64_t row = 0; row < x.rows(); ++row) {
+  for_each_row(x.rows(), [&](int64_t row) {
     const double position = static_cast<double>(row % s.seq);
     for (int64_t i = 0; i < half; ++i) {
       const double angle = position * std::pow(s.rope_theta, -2.0 * i / d);
@@ -43,7 +46,7 @@ Matrix rotate(const Matrix& x, const AttentionShape& s, int64_t heads, double si
         y(row, h * d + i + half) = b * c + a * sn;
       }
     }
-  }
+  });
   return y;
 }
 
@@ -83,15 +86,14 @@ Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v,
   Matrix out = Matrix::Zero(q.rows(), q.cols());
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t g = h / group;
-      const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
-      const Matrix kg = k.block(b * s.seq, g * d, s.seq, d);
-      const Matrix vg = v.block(b * s.seq, g * d, s.seq, d);
-      out.block(b * s.seq, h * d, s.seq, d) = causal_probabilities(qh, kg, scale) * vg;
-    }
-  }
+  // One (batch, head) per thread: each writes its own block of out.
+  for_each_row(s.batch * s.heads, [&](int64_t bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads, g = h / group;
+    const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
+    const Matrix kg = k.block(b * s.seq, g * d, s.seq, d);
+    const Matrix vg = v.block(b * s.seq, g * d, s.seq, d);
+    out.block(b * s.seq, h * d, s.seq, d).noalias() = causal_probabilities(qh, kg, scale) * vg;
+  });
   return out;
 }
 
@@ -101,27 +103,34 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
                    Matrix::Zero(v.rows(), v.cols())};
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t kv = h / group;
-      const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
-      const Matrix kg = k.block(b * s.seq, kv * d, s.seq, d);
-      const Matrix vg = v.block(b * s.seq, kv * d, s.seq, d);
-      const Matrix doh = dout.block(b * s.seq, h * d, s.seq, d);
-      const Matrix p = causal_probabilities(qh, kg, scale);
-      // O = P V; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (softmax); S = Q K^T scale.
-      const Matrix dp = doh * vg.transpose();
-      const Eigen::VectorXd rows = dp.cwiseProduct(p).rowwise().sum();
-      const Matrix ds = p.cwiseProduct(dp.colwise() - rows);
-      g.dq.block(b * s.seq, h * d, s.seq, d) = ds * kg * scale;
-      g.dk.block(b * s.seq, kv * d, s.seq, d) += ds.transpose() * qh * scale;
-      g.dv.block(b * s.seq, kv * d, s.seq, d) += p.transpose() * doh;
+  // One (batch, query head) per thread. The heads of a group share k and v: each head's
+  // share of dk and dv is kept apart and the shares are summed afterwards in head order,
+  // so the result does not depend on the thread count.
+  std::vector<Matrix> dk_parts(s.batch * s.heads), dv_parts(s.batch * s.heads);
+  for_each_row(s.batch * s.heads, [&](int64_t bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
+    const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
+    const Matrix kg = k.block(b * s.seq, kv * d, s.seq, d);
+    const Matrix vg = v.block(b * s.seq, kv * d, s.seq, d);
+    const Matrix doh = dout.block(b * s.seq, h * d, s.seq, d);
+    const Matrix p = causal_probabilities(qh, kg, scale);
+    // O = P V; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (softmax); S = Q K^T scale.
+    const Matrix dp = doh * vg.transpose();
+    const Eigen::VectorXd rows = dp.cwiseProduct(p).rowwise().sum();
+    const Matrix ds = p.cwiseProduct(dp.colwise() - rows);
+    g.dq.block(b * s.seq, h * d, s.seq, d).noalias() = ds * kg * scale;
+    dk_parts[bh].noalias() = ds.transpose() * qh * scale;
+    dv_parts[bh].noalias() = p.transpose() * doh;
+  });
+  for_each_row(s.batch * s.kv_heads, [&](int64_t bkv) {
+    const int64_t b = bkv / s.kv_heads, kv = bkv % s.kv_heads;
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+      g.dk.block(b * s.seq, kv * d, s.seq, d) += dk_parts[b * s.heads + h];
+      g.dv.block(b * s.seq, kv * d, s.seq, d) += dv_parts[b * s.heads + h];
     }
-  }
+  });
   return g;
 }
-
-namespace {}  // namespace
 
 LayerTape layer_tape(const Matrix& x, const Layer& l, const AttentionShape& s) {
   const Dropout none;

@@ -8,7 +8,11 @@
 # "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
 # multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL, the
-# Python FSDP2 test on 2 GPUs and the shard-by-shard loading memory bench; "determinism": the smoke suite twice on CUDA, compared);
+# Python FSDP2 test on 2 GPUs and the shard-by-shard loading memory bench; "determinism": the
+# smoke suite twice on CUDA, compared; "perf": the 70B decoder layer, phase by phase, with the
+# process's peak host memory; "seeds": the gpu suite's case files once per seed in SEEDS
+# (default 5-10), one queue per GPU, within SEEDS_SECONDS; SEED_FILES picks the files,
+# default those without 70B shapes);
 # GPU_FILES picks case files (default all).
 set -uo pipefail
 STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
@@ -75,6 +79,38 @@ import json, sys
 def checks(p):
     return [c['checks'] for c in json.load(open(p))['cases']]
 sys.exit(0 if checks('$OUT/det_1.json') == checks('$OUT/det_2.json') else 1)"
+fi
+if has_step perf; then
+  run perf python3 scripts/peak-rss.py "$BUILD_DIR/gradscope" run --suite perf --device cuda --json "$OUT/perf.json"
+fi
+if has_step seeds; then
+  # False alarms: correct kernels must pass every seed. One queue of seeds per GPU, the
+  # host's cores split between the queues (the fp64 reference runs on them).
+  gpus=$(nvidia-smi -L | wc -l)
+  read -r -a seeds <<<"${SEEDS:-5 6 7 8 9 10}"
+  files=${SEED_FILES:-$(ls cases/gpu/*.toml | grep -v 70b)}
+  seed_deadline=$((SECONDS + ${SEEDS_SECONDS:-400}))
+  mkdir -p "$OUT/seeds"
+  echo "== seeds ${seeds[*]} on $gpus GPU(s): $(echo $files)" | tee -a "$OUT/summary.log"
+  for ((gpu = 0; gpu < gpus; ++gpu)); do
+    (
+      for ((i = gpu; i < ${#seeds[@]}; i += gpus)); do
+        seed=${seeds[i]}
+        for file in $files; do
+          name=$(basename "$file" .toml) left=$((seed_deadline - SECONDS))
+          ((left > 10)) || { echo "   seed $seed $name: out of time" >>"$OUT/seeds.log"; exit 1; }
+          start=$SECONDS
+          CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$(($(nproc) / gpus)) timeout "$left" \
+            "$BUILD_DIR/gradscope" run "$file" --device cuda --seed "$seed" --quiet \
+            --json "$OUT/seeds/s${seed}_$name.json" >"$OUT/seeds/s${seed}_$name.log" 2>&1
+          echo "   seed $seed $name: exit $? after $((SECONDS - start)) s; $(tail -n 1 "$OUT/seeds/s${seed}_$name.log")" >>"$OUT/seeds.log"
+        done
+      done
+    ) &
+  done
+  wait
+  cat "$OUT/seeds.log" | tee -a "$OUT/summary.log"
+  grep -qv ': exit 0 ' "$OUT/seeds.log" && status=1
 fi
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
 has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep}"
