@@ -62,6 +62,10 @@ Peak load_rank(const std::string& dir, bool sharded, int world, at::ScalarType v
   // Warm-up: ATen's first operations and thread pools have a resident cost of their own
   // (tens of MiB) that is neither way's; checking one module's small tensors pays it.
   if (!ckpt.modules().empty()) ckpt.load_without_qweight(ckpt.modules().front());
+#ifdef GRADSCOPE_WITH_CUDA
+  // Likewise the CUDA context, and the allocator must exist before its peak is reset.
+  if (device.is_cuda()) at::empty({1}, at::TensorOptions().device(device));
+#endif
   const int64_t before = status_bytes("VmRSS");
 #ifdef GRADSCOPE_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
