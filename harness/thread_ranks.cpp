@@ -47,11 +47,6 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
   // first group records: the CLI and the tests make groups only here, so this comes first;
   // before the threads start because setenv is not thread safe.
   setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
-  // Without blocking wait, an NCCL Work's wait() only orders the streams: a collective that
-  // failed (H200 r15: the process's first communicator, ncclSystemError) is reported by the
-  // watchdog thread alone, its output left unwritten and the case computed on garbage. With
-  // it, wait() blocks until the collective ends and throws its error in the rank's thread.
-  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
   const auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
