@@ -263,8 +263,11 @@ class FsdpRunner final : public CaseRunner {
       if (!f.float_view()) m->to(device);
       {
         const at::NoGradGuard no_grad;
-        m->lora_A.copy_(proj.prod.lora_A);
-        m->lora_B.copy_(proj.prod.lora_B);
+        // From the host, as a rank loads a state dict: the case's tensors live on GPU 0, and
+        // a direct GPU 0 -> GPU r copy is a path no FSDP job takes (on the H200 host the
+        // process's first one gave rank 1 zeros: r14-r16).
+        m->lora_A.copy_(proj.prod.lora_A.cpu());
+        m->lora_B.copy_(proj.prod.lora_B.cpu());
       }
       for (const auto& item : m->named_parameters()) {
         if (item.key() == "lora_A" || item.key() == "lora_B") {
@@ -294,6 +297,13 @@ class FsdpRunner final : public CaseRunner {
                                          words.qzeros, original.qzeros.cpu().to(at::kLong)));
       out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
                                          words.scales, original.scales.cpu().to(at::kDouble)));
+      const std::string lora = where + "gathered/" + kNames[j] + "/";
+      out.checks.push_back(compare_exact(lora + "lora_A", "after all-gather vs before sharding",
+                                         modules[j]->lora_A.detach().cpu(),
+                                         p[j].prod.lora_A.cpu().to(at::kDouble)));
+      out.checks.push_back(compare_exact(lora + "lora_B", "after all-gather vs before sharding",
+                                         modules[j]->lora_B.detach().cpu(),
+                                         p[j].prod.lora_B.cpu().to(at::kDouble)));
     }
     // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
     const int64_t slice = x2.size(0) / f.world_size;
@@ -301,9 +311,11 @@ class FsdpRunner final : public CaseRunner {
       return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
                             modules[j]->lora_B, c.scaling()};
     };
-    const auto y = lora_mlp(x2.narrow(0, r * slice, slice).to(device), projection(0), projection(1),
-                            projection(2));
-    y.backward(dy2.narrow(0, r * slice, slice).to(device));
+    const auto slice_of = [&](const at::Tensor& t) {
+      return t.narrow(0, r * slice, slice).cpu().to(device);
+    };
+    const auto y = lora_mlp(slice_of(x2), projection(0), projection(1), projection(2));
+    y.backward(slice_of(dy2));
     std::vector<at::Tensor> grads;
     for (const auto& a : adapters) grads.push_back(a.grad());
     const auto grad_shards = adapter_shards.reduce_scatter(grads);

@@ -15,7 +15,7 @@
 # default those without 70B shapes);
 # GPU_FILES picks case files (default all).
 set -uo pipefail
-STEPS=" ${STEPS:-smoke gpu ctest memcheck} "
+STEPS=" ${STEPS-smoke gpu ctest memcheck} "  # unset: the default; empty: build only
 has_step() { [[ $STEPS == *" $1 "* ]]; }
 OUT=${1:?usage: device-check.sh OUTDIR}
 BUILD_DIR=${BUILD_DIR:-build-device}
