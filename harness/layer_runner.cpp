@@ -82,10 +82,18 @@ class LayerRunner final : public CaseRunner {
           .to(c.device)
           .requires_grad_(grad);
     };
+    // Building a layer's device modules from the host tensors is part of each pass; it is
+    // also timed on its own (prod.setup_seconds, base.setup_seconds) so the phase shows how
+    // much is setup rather than forward + backward.
+    double setup_seconds[2] = {0, 0};
     // output, d(input), then dA and dB of each projection; one entry per layer.
     const auto pass = [&](tb::Impl impl, int64_t i, const at::Tensor& h, const at::Tensor& dy_i) {
       const bool prod = impl == tb::Impl::kProd;
+      std::vector<std::pair<std::string, double>> setup;
+      tb::Measure setup_time(c, /*track_memory=*/false);
       const auto d = ds::device_layer(c, dims, stack[i], impl);
+      setup_time.finish("setup", setup);
+      setup_seconds[prod ? 0 : 1] += setup.back().second;
       const LoraProjection* slots[] = {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down};
       std::vector<at::Tensor> wrt = {h};
       for (const auto* slot : slots) {
@@ -105,6 +113,7 @@ class LayerRunner final : public CaseRunner {
       g[i] = pass(tb::Impl::kProd, i, h, i + 1 == n_layers ? dy.prod : as_input(ref_dys[i], false));
     }
     prod_time.finish("prod", result.metrics);
+    result.metrics.emplace_back("prod.setup_seconds", setup_seconds[0]);
     tb::Measure base_time(c);
     for (int64_t i = 0; i < n_layers; ++i) {
       const auto h = i == 0 ? x.base : as_input(ref_inputs[i], true);
@@ -112,6 +121,7 @@ class LayerRunner final : public CaseRunner {
           pass(tb::Impl::kBase, i, h, i + 1 == n_layers ? dy.base : as_input(ref_dys[i], false));
     }
     base_time.finish("base", result.metrics);
+    result.metrics.emplace_back("base.setup_seconds", setup_seconds[1]);
     tb::Measure ref_layers_time(c, /*track_memory=*/false);
     for (int64_t i = 0; i < n_layers; ++i) {
       // The reference of layer i on exactly the rounded input and gradient prod saw.
