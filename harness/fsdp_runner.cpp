@@ -264,11 +264,20 @@ class FsdpRunner final : public CaseRunner {
       {
         const at::NoGradGuard no_grad;
         // From the host, as a rank loads a state dict: the case's tensors live on GPU 0, and
-        // a direct GPU 0 -> GPU r copy is a path no FSDP job takes (on the H200 host the
-        // process's first one gave rank 1 zeros: r14-r16).
+        // direct GPU 0 -> GPU r copies are a path no FSDP job takes (on the H200 host, with
+        // them, the first fsdp case of every process failed; without, it passes: r14-r17).
         m->lora_A.copy_(proj.prod.lora_A.cpu());
         m->lora_B.copy_(proj.prod.lora_B.cpu());
       }
+      // The adapters as loaded, before any collective: with the check after the all-gather
+      // below, a wrong copy and a failed gather tell themselves apart.
+      const std::string loaded = where + "loaded/" + kNames[modules.size() - 1] + "/";
+      out.checks.push_back(compare_exact(loaded + "lora_A", "as loaded vs the case's",
+                                         m->lora_A.detach().cpu(),
+                                         proj.prod.lora_A.cpu().to(at::kDouble)));
+      out.checks.push_back(compare_exact(loaded + "lora_B", "as loaded vs the case's",
+                                         m->lora_B.detach().cpu(),
+                                         proj.prod.lora_B.cpu().to(at::kDouble)));
       for (const auto& item : m->named_parameters()) {
         if (item.key() == "lora_A" || item.key() == "lora_B") {
           adapters.push_back(item.value());

@@ -23,7 +23,7 @@ Matrix sum(const Matrix& a, const Matrix& b) {
 }  // namespace
 
 // The adapter terms are accumulated into the base product by the GEMM itself (noalias
-// +=): no full-size temporary and no serial elementwise pass over [tokens, out].
+// +=): no full-size temporary and no serial elementwise pass over [tokens, out] for them.
 Matrix lora_forward(const Matrix& x, const Projection& p, const Dropout& d) {
   Matrix y(x.rows(), p.weight_t.cols());
   y.noalias() = x * p.weight_t;

@@ -5,13 +5,25 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 
 namespace gradscope::reference {
 
 template <class Body>
 void for_each_row(int64_t rows, const Body& body) {
+  // An exception may not leave an OpenMP region (it would terminate the process): the
+  // first one is kept and rethrown on the calling thread, e.g. an allocation failure.
+  std::exception_ptr error;
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) body(row);
+  for (int64_t row = 0; row < rows; ++row) {
+    try {
+      body(row);
+    } catch (...) {
+#pragma omp critical(gradscope_reference_row_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace gradscope::reference

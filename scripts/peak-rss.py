@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Runs a command and prints its wall time and peak resident memory (its own and its
-children's, from getrusage) after it: peak-rss.py CMD [ARG...]. Exits with the command's
-status. Used where /usr/bin/time may be missing (the GPU machine's image)."""
+"""Runs a command and prints its wall time and peak resident memory after it:
+peak-rss.py CMD [ARG...]. The peak is getrusage's ru_maxrss over the waited-for children,
+i.e. the largest single process's peak (the command's own, unless a child of it grew more),
+not a sum. Exits with the command's status. Used where /usr/bin/time may be missing (the GPU
+machine's image)."""
 import resource
 import subprocess
 import sys

@@ -1,6 +1,7 @@
 // The decoder-layer pieces of the fp64 reference (RMSNorm, RoPE, causal GQA attention,
 // the whole layer) against central finite differences, like the LoRA ops. No torch.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "reference/layer_reference.h"
 #include "reference_grad_check.h"
@@ -57,6 +58,30 @@ TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
   const Matrix out = attention_forward(q, k, v, kShape);
   EXPECT_NEAR((out.block(0, 0, 1, kShape.head_dim) - v.block(0, 0, 1, kShape.head_dim)).norm(), 0.0,
               1e-12);
+}
+
+// The reference spreads attention over (batch, head) and sums each key/value head's shares
+// in head order afterwards: one thread and several give the same bits.
+TEST(LayerReference, AttentionDoesNotDependOnTheThreadCount) {
+  Rng rng(4);
+  const AttentionShape shape{1, 32, 8, 2, 8};  // a key/value group spans threads
+  const int64_t rows = shape.batch * shape.seq;
+  const Matrix q = rng.normal(rows, shape.heads * shape.head_dim);
+  const Matrix k = rng.normal(rows, shape.kv_heads * shape.head_dim);
+  const Matrix v = rng.normal(rows, shape.kv_heads * shape.head_dim);
+  const Matrix dout = rng.normal(rows, q.cols());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Matrix out1 = attention_forward(q, k, v, shape);
+  const auto g1 = attention_backward(q, k, v, dout, shape);
+  omp_set_num_threads(4);
+  const Matrix out4 = attention_forward(q, k, v, shape);
+  const auto g4 = attention_backward(q, k, v, dout, shape);
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(out1 == out4);
+  EXPECT_TRUE(g1.dq == g4.dq);
+  EXPECT_TRUE(g1.dk == g4.dk);
+  EXPECT_TRUE(g1.dv == g4.dv);
 }
 
 TEST(LayerReferenceGrad, WholeLayer) {
