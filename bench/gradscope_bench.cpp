@@ -2,6 +2,7 @@
 // (CUDA events, warm-up, median of repeats). Values of the packed words do not change
 // the work, so layers are random words drawn on the GPU: no CPU quantization.
 //   gradscope_bench [--quick] [--json FILE] [--only dequant|ops]
+//                   [--bits N ...] [--act-order on|off] [--out fp16|bf16]  (dequant rows only)
 // Prints one table per benchmark; --json writes every row. Exit 2 without a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -20,6 +21,7 @@
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
 #include "harness/aten_baseline.h"
+#include "harness/cli_parse.h"
 #include "reports/atomic_file.h"
 
 namespace gradscope::bench {
@@ -92,17 +94,28 @@ nlohmann::ordered_json bench_copy(int repeats) {
   return {{"bench", "copy"}, {"bytes", bytes}, {"ms", t.ms}, {"tb_per_s", bytes / t.ms / 1e9}};
 }
 
-void bench_dequant(bool quick, int repeats, nlohmann::ordered_json& rows) {
+// Narrows the dequant benchmark to one configuration, e.g. for a profiler run.
+struct DequantFilter {
+  std::vector<int> bits;  // empty: every width of the run
+  std::string act_order;  // "on", "off" or empty (both)
+  std::string out;        // "fp16", "bf16" or empty (both)
+};
+
+void bench_dequant(bool quick, int repeats, const DequantFilter& only,
+                   nlohmann::ordered_json& rows) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {4096, 11008}, {8192, 28672}};
   std::vector<int> bits = {2, 3, 4, 8};
   if (quick) shapes = {{8192, 28672}}, bits = {3, 4};
+  if (!only.bits.empty()) bits = only.bits;
   std::printf("%-13s %4s %4s %5s %10s %9s %7s %10s %9s\n", "dequant K x N", "bits", "act", "out",
               "prod ms", "TB/s", "% peak", "ATen ms", "speed-up");
   for (const auto& [K, N] : shapes) {
     for (int b : bits) {
       for (bool act : {false, true}) {
+        if (!only.act_order.empty() && act != (only.act_order == "on")) continue;
         const auto w = random_layer(K, N, b, 128, act);
         for (auto out : {at::kHalf, at::kBFloat16}) {
+          if (!only.out.empty() && only.out != (out == at::kHalf ? "fp16" : "bf16")) continue;
           const auto prod = measure([&] { dequantize_gptq(w, out); }, 3, repeats);
           const auto aten =
               measure([&] { baseline::dequantize(w, out); }, 2, std::max(3, repeats / 3));
@@ -284,7 +297,15 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "dequant or ops")->check(CLI::IsMember({"dequant", "ops"}));
   app.add_option("--repeats", repeats, "timed repeats per measurement (median)")
       ->check(CLI::Range(3, 1000));
-  CLI11_PARSE(app, argc, argv);
+  gradscope::bench::DequantFilter dequant_filter;
+  app.add_option("--bits", dequant_filter.bits, "dequant: only these widths")
+      ->check(CLI::IsMember({2, 3, 4, 8}));
+  app.add_option("--act-order", dequant_filter.act_order, "dequant: only act-order on or off")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--out", dequant_filter.out, "dequant: only this output dtype")
+      ->check(CLI::IsMember({"fp16", "bf16"}));
+  if (const auto code = gradscope::parse_command_line(app, argc, argv, "gradscope_bench"))
+    return *code;
   if (!gradscope::built_with_cuda() || !at::hasCUDA()) {
     std::cerr << "gradscope_bench: error: needs a CUDA GPU and a build with the CUDA kernels\n";
     return 2;
@@ -293,7 +314,8 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::printf("gradscope_bench on %s\n", at::cuda::getCurrentDeviceProperties()->name);
   rows.push_back(gradscope::bench::bench_copy(repeats));
-  if (only.empty() || only == "dequant") gradscope::bench::bench_dequant(quick, repeats, rows);
+  if (only.empty() || only == "dequant")
+    gradscope::bench::bench_dequant(quick, repeats, dequant_filter, rows);
   if (only.empty() || only == "ops") gradscope::bench::bench_ops(quick, repeats, rows);
   if (!json_path.empty()) gradscope::report::write_file_atomically(json_path, rows.dump(2) + "\n");
   return 0;

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "harness/checkpoint_shards.h"
+#include "harness/cli_parse.h"
 #include "harness/dtype_names.h"
 #include "harness/file_system.h"
 #include "reports/atomic_file.h"
@@ -185,7 +186,9 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write every row to FILE");
   std::string measure;  // the child's part: one load, its figures on stdout
   app.add_option("--measure", measure)->check(CLI::IsMember({"whole", "sharded"}))->group("");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code =
+          gradscope::parse_command_line(app, argc, argv, "gradscope_shard_load_bench"))
+    return *code;
   try {
     const auto view = view_name == "int32" ? at::kInt : dtype_from_name(view_name);
     const at::Device device(device_name == "cuda" ? at::kCUDA : at::kCPU, 0);

@@ -1,4 +1,5 @@
 #include "harness/cli.h"
+#include "harness/cli_parse.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -364,16 +365,7 @@ int run_cli(int argc, const char* const* argv) {
   atol->needs(rtol);
   diff->add_option("--json", diff_json, "write the comparison as JSON to FILE");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "gradscope: error: " << e.what() << "\n(run gradscope --help for usage)\n";
-    return 2;
-  }
+  if (const auto code = parse_command_line(app, argc, argv, "gradscope")) return *code;
   const std::string program = argc > 0 ? argv[0] : "gradscope";
   try {
     if (run->parsed()) return command_run(run_sel, outputs, program);

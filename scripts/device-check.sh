@@ -12,7 +12,8 @@
 # smoke suite twice on CUDA, compared; "perf": the 70B decoder layer, phase by phase, with the
 # process's peak host memory; "seeds": the gpu suite's case files once per seed in SEEDS
 # (default 5-10), one queue per GPU, within SEEDS_SECONDS; SEED_FILES picks the files,
-# default those without 70B shapes);
+# default those without 70B shapes; "profile": Nsight Compute on the 4-bit 8192 x 28672
+# dequant kernel with act-order on and off);
 # GPU_FILES picks case files (default all). STEPS=all runs every step but killmatrix and
 # seeds (fsdp only where there are 2 GPUs), most telling first. The whole script, configure
 # and build included, stays within CHECK_SECONDS (default 570, inside one 10-minute device
@@ -146,6 +147,16 @@ if has_step memcheck && command -v compute-sanitizer >/dev/null; then
   # Out-of-bounds reads or writes in the kernels (dequant of every width, SwiGLU, the fused ops).
   run memcheck timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --filter '*.fp16.*act*'
+fi
+if has_step profile; then
+  # Where the act-order dequant waits (issue #8): one launch each way, after two warm-ups.
+  for act in on off; do
+    run "profile_dequant_act_$act" ncu --kernel-name regex:dequant_gptq_kernel --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$BUILD_DIR/gradscope_bench" --only dequant --quick --bits 4 --act-order "$act" --out bf16 \
+      --repeats 3
+  done
 fi
 if has_step killmatrix; then
   run killmatrix python3 scripts/kill-matrix.py "$BUILD_DIR/gradscope" --suite gpu --device cuda \
