@@ -254,6 +254,17 @@ class FsdpRunner final : public CaseRunner {
     std::vector<QuantLinear> modules;
     std::vector<at::Tensor> frozen, adapters, frozen_before;
     std::vector<std::string> frozen_names;
+    // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
+    const auto check_adapters = [&](size_t j, const std::string& stage,
+                                    const std::string& compared) {
+      const std::string path = where + stage + "/" + kNames[j] + "/";
+      out.checks.push_back(compare_exact(path + "lora_A", compared,
+                                         modules[j]->lora_A.detach().cpu(),
+                                         p[j].prod.lora_A.cpu().to(at::kDouble)));
+      out.checks.push_back(compare_exact(path + "lora_B", compared,
+                                         modules[j]->lora_B.detach().cpu(),
+                                         p[j].prod.lora_B.cpu().to(at::kDouble)));
+    };
     for (const auto& proj : p) {
       modules.emplace_back(proj.prod.base.to(at::kCPU), at::Tensor(), qo);
       auto& m = modules.back();
@@ -271,13 +282,7 @@ class FsdpRunner final : public CaseRunner {
       }
       // The adapters as loaded, before any collective: with the check after the all-gather
       // below, a wrong copy and a failed gather tell themselves apart.
-      const std::string loaded = where + "loaded/" + kNames[modules.size() - 1] + "/";
-      out.checks.push_back(compare_exact(loaded + "lora_A", "as loaded vs the case's",
-                                         m->lora_A.detach().cpu(),
-                                         proj.prod.lora_A.cpu().to(at::kDouble)));
-      out.checks.push_back(compare_exact(loaded + "lora_B", "as loaded vs the case's",
-                                         m->lora_B.detach().cpu(),
-                                         proj.prod.lora_B.cpu().to(at::kDouble)));
+      check_adapters(modules.size() - 1, "loaded", "as loaded vs the case's");
       for (const auto& item : m->named_parameters()) {
         if (item.key() == "lora_A" || item.key() == "lora_B") {
           adapters.push_back(item.value());
@@ -306,13 +311,7 @@ class FsdpRunner final : public CaseRunner {
                                          words.qzeros, original.qzeros.cpu().to(at::kLong)));
       out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
                                          words.scales, original.scales.cpu().to(at::kDouble)));
-      const std::string lora = where + "gathered/" + kNames[j] + "/";
-      out.checks.push_back(compare_exact(lora + "lora_A", "after all-gather vs before sharding",
-                                         modules[j]->lora_A.detach().cpu(),
-                                         p[j].prod.lora_A.cpu().to(at::kDouble)));
-      out.checks.push_back(compare_exact(lora + "lora_B", "after all-gather vs before sharding",
-                                         modules[j]->lora_B.detach().cpu(),
-                                         p[j].prod.lora_B.cpu().to(at::kDouble)));
+      check_adapters(j, "gathered", "after all-gather vs before sharding");
     }
     // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
     const int64_t slice = x2.size(0) / f.world_size;
