@@ -7,12 +7,14 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -56,6 +58,55 @@ Timing measure(const std::function<void()>& fn, int warmup, int repeats) {
   }
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return {ms[ms.size() / 2], static_cast<double>(peak) / (1 << 30)};
+}
+
+// The call queued behind a spinning kernel, so that the GPU never waits for the host: the
+// events then time the GPU's work alone, and the host's time to issue the call is timed
+// apart. A GPU time well below measure()'s means the host (launches, autograd) bounds it.
+struct QueuedTiming {
+  double gpu_ms;   // median, kernels back to back
+  double host_ms;  // median time to issue the call
+  bool valid;      // every issue ended before the spin did (else the GPU may have idled)
+};
+
+QueuedTiming measure_queued(const std::function<void()>& fn, int repeats) {
+  // Spin cycles per millisecond, measured rather than taken from the clock-rate attribute.
+  static const double cycles_per_ms = [] {
+    constexpr int64_t kCycles = 20'000'000;
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    at::cuda::sleep(kCycles);  // warm-up
+    start.record();
+    at::cuda::sleep(kCycles);
+    stop.record();
+    stop.synchronize();
+    return kCycles / static_cast<double>(start.elapsed_time(stop));
+  }();
+  using Clock = std::chrono::steady_clock;
+  const auto issue = [&] {
+    const auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  c10::cuda::device_synchronize();
+  const double spin_ms = 1.0 + 3.0 * issue();
+  c10::cuda::device_synchronize();
+  std::vector<double> gpu, host;
+  bool valid = true;
+  for (int i = 0; i < repeats; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    at::cuda::sleep(static_cast<int64_t>(spin_ms * cycles_per_ms));
+    start.record();
+    host.push_back(issue());
+    stop.record();
+    stop.synchronize();
+    gpu.push_back(start.elapsed_time(stop));
+    valid = valid && host.back() < 0.8 * spin_ms;
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  return {median(gpu), median(host), valid};
 }
 
 // Random packed words of a K x N layer; g_idx contiguous or a seeded act-order permutation.
@@ -174,9 +225,10 @@ void bench_ops(bool quick, int repeats, nlohmann::ordered_json& rows) {
       {"qkv", "llama2-70b", 8192, 28672, 64, 8},    {"mlp", "llama2-70b", 8192, 28672, 64, 8}};
   std::vector<int64_t> token_counts = {2048, 8192}, ranks = {16, 64};
   if (quick) token_counts = {2048}, ranks = {16};
-  std::printf("%-7s %-10s %6s %4s %9s %9s %7s %9s %9s %7s %9s %9s %9s %9s %7s\n", "op", "model",
-              "tokens", "r", "prod ms", "base ms", "speed", "prod GiB", "base GiB", "memory",
-              "dense ms", "dense/prod", "gemm ms", "gemm/prod", "gemm %pk");
+  std::printf("%-7s %-10s %6s %4s %9s %9s %7s %9s %9s %7s %9s %9s %9s %9s %7s %9s %9s %9s\n", "op",
+              "model", "tokens", "r", "prod ms", "base ms", "speed", "prod GiB", "base GiB",
+              "memory", "dense ms", "dense/prod", "gemm ms", "gemm/prod", "gemm %pk", "gpu ms",
+              "host ms", "gemm/gpu");
   for (const auto& c : cases) {
     for (int64_t tokens : token_counts) {
       for (int64_t r : ranks) {
@@ -245,17 +297,19 @@ void bench_ops(bool quick, int repeats, nlohmann::ordered_json& rows) {
           }
         };
         const auto prod = measure([&] { run(0); }, 3, repeats);
+        const auto prod_queued = measure_queued([&] { run(0); }, repeats);
         const auto base = measure([&] { run(1); }, 3, repeats);
         const auto dense_op = measure([&] { run(2); }, 3, repeats);
         const auto pure = measure(gemms, 3, repeats);
         const double pure_fraction_of_peak = gemm_flop / (pure.ms * 1e-3) / kPeakBf16;
         std::printf(
             "%-7s %-10s %6lld %4lld %9.3f %9.3f %6.2fx %9.3f %9.3f %6.2fx %9.3f %9.2f %9.3f %9.2f "
-            "%6.0f%%\n",
+            "%6.0f%% %9.3f %9.3f %8.2f%s\n",
             c.op.c_str(), c.model.c_str(), static_cast<long long>(tokens),
             static_cast<long long>(r), prod.ms, base.ms, base.ms / prod.ms, prod.peak_gib,
             base.peak_gib, prod.peak_gib / base.peak_gib, dense_op.ms, dense_op.ms / prod.ms,
-            pure.ms, pure.ms / prod.ms, 100 * pure_fraction_of_peak);
+            pure.ms, pure.ms / prod.ms, 100 * pure_fraction_of_peak, prod_queued.gpu_ms,
+            prod_queued.host_ms, pure.ms / prod_queued.gpu_ms, prod_queued.valid ? "" : " (!)");
         rows.push_back({{"bench", "fused_op"},
                         {"op", c.op},
                         {"model", c.model},
@@ -272,7 +326,11 @@ void bench_ops(bool quick, int repeats, nlohmann::ordered_json& rows) {
                         {"dense_over_prod", dense_op.ms / prod.ms},
                         {"gemm_ms", pure.ms},
                         {"gemm_over_prod", pure.ms / prod.ms},
-                        {"gemm_fraction_of_bf16_peak", pure_fraction_of_peak}});
+                        {"gemm_fraction_of_bf16_peak", pure_fraction_of_peak},
+                        {"prod_gpu_ms", prod_queued.gpu_ms},
+                        {"prod_host_issue_ms", prod_queued.host_ms},
+                        {"prod_gpu_timing_valid", prod_queued.valid},
+                        {"gemm_over_prod_gpu", pure.ms / prod_queued.gpu_ms}});
       }
     }
   }
@@ -280,7 +338,9 @@ void bench_ops(bool quick, int repeats, nlohmann::ordered_json& rows) {
       "\n(speed = base/prod; memory = prod/base peak allocated during fwd+bwd; dense = the "
       "same op on pre-dequantized bf16 weights, its GEMMs through cuBLAS; gemm = the frozen "
       "weights' two GEMMs per projection alone (x W^T, dY W), goal gemm/prod >= 0.8; gemm %%pk = "
-      "their throughput over the bf16 peak %.0f TFLOP/s)\n",
+      "their throughput over the bf16 peak %.0f TFLOP/s; gpu ms = prod queued behind a spinning "
+      "kernel, the GPU's work without waiting on the host; host ms = the time to issue one "
+      "call; (!) = an issue outlasted the spin, gpu ms may include idle time)\n",
       kPeakBf16 / 1e12);
 }
 

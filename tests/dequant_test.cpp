@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "gradscope/dequant.h"
+#include "gradscope/faults.h"
 #include "gradscope/gptq_format.h"
 
 namespace gradscope {
@@ -95,6 +96,82 @@ TEST(DequantCpu, RoundsOnceToTheOutputDtype) {
 
 TEST(DequantCpu, RejectsUnsupportedOutputDtype) {
   EXPECT_THROW(dequantize_gptq(hand_layer(ZeroPointFormat::kGptqV1), at::kDouble), c10::Error);
+}
+
+// Random words of a K x N layer (every code and zero field occurs), g_idx contiguous or a
+// seeded act-order permutation.
+GptqWeight random_layer(int64_t K, int64_t N, int bits, int group, bool act_order,
+                        ZeroPointFormat format, at::ScalarType scale_dtype) {
+  const int64_t G = num_groups(K, group);
+  const auto random_words = [](at::IntArrayRef shape) {
+    return at::randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+                       shape, at::kInt);
+  };
+  GptqWeight w;
+  w.bits = bits;
+  w.format = format;
+  w.qweight = random_words({K * bits / 32, N});
+  w.qzeros = random_words({G, N * bits / 32});
+  w.scales = (at::rand({G, N}) + 0.01).to(scale_dtype);
+  const auto rows = act_order ? at::randperm(K, at::kLong) : at::arange(K, at::kLong);
+  w.g_idx = at::div(rows, group > 0 ? group : K, "floor").to(at::kInt);
+  return w;
+}
+
+// A copy of t on `device` that starts one element into a larger buffer, as a view into a
+// flat FSDP buffer may.
+at::Tensor misaligned_copy(const at::Tensor& t, at::Device device) {
+  auto buffer = at::empty({t.numel() + 1}, t.options().device(device));
+  auto view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
+  view.copy_(t);
+  return view;
+}
+
+// The CUDA kernel against the CPU loop, bit for bit: both round scale * (code - zero),
+// computed in fp32, once. Shapes leave a partial 32-row block and a partial column block;
+// qweight and scales are also tried one element into a buffer (the kernel's vector loads
+// need them aligned); every dequant fault must corrupt the CUDA output as it does the CPU's.
+TEST(DequantCuda, MatchesTheCpuBitForBit) {
+  if (!built_with_cuda() || !at::hasCUDA()) GTEST_SKIP() << "needs a CUDA GPU";
+  at::manual_seed(31);
+  int configurations = 0;
+  for (int bits : {2, 3, 4, 8}) {
+    // K: a multiple of the packing unit that leaves a partial 32-row block where it can.
+    const int64_t K = bits == 3 ? 96 : 112, N = 544;
+    for (int group : {32, 128, -1}) {
+      for (bool act_order : {false, true}) {
+        for (auto format : {ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2}) {
+          for (bool misaligned : {false, true}) {
+            const auto scale_dtype = misaligned ? at::kBFloat16 : at::kHalf;
+            const auto w = random_layer(K, N, bits, group, act_order, format, scale_dtype);
+            auto w_cuda = w.to(at::kCUDA);
+            if (misaligned) {
+              w_cuda.qweight = misaligned_copy(w.qweight, at::kCUDA);
+              w_cuda.scales = misaligned_copy(w.scales, at::kCUDA);
+            }
+            for (int f = 0; f < static_cast<int>(Fault::kFloatViewCast); ++f) {
+              const ScopedFault fault(static_cast<Fault>(f));
+              for (auto out : {at::kFloat, at::kHalf, at::kBFloat16}) {
+                for (auto layout : {DequantLayout::kInOut, DequantLayout::kOutIn}) {
+                  const auto cpu = dequantize_gptq(w, out, layout);
+                  const auto cuda = dequantize_gptq(w_cuda, out, layout).cpu();
+                  ASSERT_TRUE(cuda.equal(cpu))
+                      << "bits " << bits << ", group " << group << ", act-order " << act_order
+                      << ", " << to_string(format) << ", misaligned " << misaligned << ", fault "
+                      << f << ", out " << out << ", layout "
+                      << (layout == DequantLayout::kInOut ? "in-out" : "out-in") << ": "
+                      << cuda.ne(cpu).sum().item<int64_t>() << " of " << cpu.numel()
+                      << " elements differ";
+                  ++configurations;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(configurations, 4 * 3 * 2 * 2 * 2 * 8 * 3 * 2);
 }
 
 }  // namespace

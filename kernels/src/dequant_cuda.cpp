@@ -31,21 +31,24 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
   const auto options = in.qweight.options().dtype(out_dtype);
   auto out =
       layout == DequantLayout::kInOut ? at::empty({K, N}, options) : at::empty({N, K}, options);
-  // The kernel reads four columns' words as one 16-byte vector: a view that does not start
-  // on a 16-byte boundary (a sliced shard) is copied to a fresh, aligned allocation first.
-  const auto qweight = reinterpret_cast<uintptr_t>(in.qweight.data_ptr()) % 16 == 0
-                           ? in.qweight
-                           : in.qweight.clone();
+  // The kernel reads four columns' words as one 16-byte vector and their scales as one
+  // 8-byte vector: a view that does not start on such a boundary (a sliced shard, a view
+  // into a flat FSDP buffer) is copied to a fresh, aligned allocation first.
+  const auto aligned = [](const at::Tensor& t, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0 ? t : t.clone();
+  };
+  const auto qweight = aligned(in.qweight, 16);
+  const auto scales = aligned(in.scales, 8);
   cuda::DequantLaunch args{reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>()),
                            reinterpret_cast<const uint32_t*>(in.qzeros.data_ptr<int32_t>()),
-                           in.scales.data_ptr(),
+                           scales.data_ptr(),
                            in.g_idx.data_ptr<int32_t>(),
                            out.data_ptr(),
                            K,
                            N,
                            in.bits,
                            in.zero_offset,
-                           element_type(in.scales.scalar_type()),
+                           element_type(scales.scalar_type()),
                            element_type(out_dtype),
                            layout == DequantLayout::kOutIn,
                            in.scales.size(0),
