@@ -23,15 +23,15 @@ void dequant_rows(const DequantInputs& in, const at::Tensor& zero_fields, at::Te
   Out* dst = out.data_ptr<Out>();
   at::parallel_for(0, K, 16, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      const auto pos = packed_bits::locate(k, bits);
-      const int shift = dequant_faults::shift(pos.shift, fault);
-      const bool two = packed_bits::straddles(shift, bits) && pos.word + 1 < words &&
+      const int64_t bit = dequant_faults::code_bit(k * bits, fault);
+      const packed_bits::FieldPosition pos{bit >> 5, static_cast<int>(bit & 31)};
+      const bool two = packed_bits::straddles(pos.shift, bits) && pos.word + 1 < words &&
                        dequant_faults::keep_high_word(fault);
       const int64_t g = dequant_faults::group(k, K, G, g_idx, fault);
       for (int64_t n = 0; n < N; ++n) {
         const uint32_t high = two ? qweight[(pos.word + 1) * N + n] : 0u;
         const auto code = static_cast<int32_t>(
-            packed_bits::read_field(qweight[pos.word * N + n], high, shift, bits));
+            packed_bits::read_field(qweight[pos.word * N + n], high, pos.shift, bits));
         const int32_t zero = field[g * N + n] + zero_offset;
         const float value =
             static_cast<float>(scale[g * N + dequant_faults::scale_column(n, N, fault)]) *

@@ -58,37 +58,32 @@ struct GroupWords {
   uint32_t zero_low, zero_high;
 };
 
-template <typename Scale>
-__device__ __forceinline__ uint16_t scale_bits(const Scale* p) {
-  return __ldg(reinterpret_cast<const unsigned short*>(p));
+__device__ __forceinline__ float scale_from_bits(uint32_t bits, __half) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
-__device__ __forceinline__ float scale_from_bits(uint16_t bits, __half) {
-  return __half2float(__ushort_as_half(bits));
-}
-__device__ __forceinline__ float scale_from_bits(uint16_t bits, __nv_bfloat16) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+__device__ __forceinline__ float scale_from_bits(uint32_t bits, __nv_bfloat16) {
+  return __uint_as_float(bits << 16);
 }
 
 // Issues the loads of group g's parameters for columns n0..n0+3; decoding is left to
 // decode_group so that callers can issue several groups' loads before the first use.
+// `wrong_column` (the fault) takes columns n0+1..n0+4 instead, column N wrapping to 0
+// (next_column): the four scales shifted by one, the last from the next quad.
 template <int kBits, typename Scale>
 __device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qzeros,
                                                  const Scale* __restrict__ scales, int64_t g,
-                                                 int64_t n0, int64_t N, int zero_shift, int fault) {
+                                                 int64_t n0, int64_t N, int zero_shift,
+                                                 bool wrong_column, int64_t next_column) {
   const uint32_t* zrow = qzeros + g * (N * kBits / 32) + n0 * kBits / 32;
   const Scale* srow = scales + g * N;
   GroupWords w;
   w.zero_low = __ldg(zrow);
   w.zero_high = kBits == 3 && zero_shift + kCols * kBits > 32 ? __ldg(zrow + 1) : 0u;
-  if (fault == dequant_faults::kScalesWrongColumn) {
-    uint16_t b[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-      b[c] = scale_bits(srow + dequant_faults::scale_column(n0 + c, N, fault));
-    w.scales = make_uint2(b[0] | static_cast<uint32_t>(b[1]) << 16,
-                          b[2] | static_cast<uint32_t>(b[3]) << 16);
-  } else {
-    w.scales = __ldg(reinterpret_cast<const uint2*>(srow + n0));  // 8-byte aligned: host check
+  w.scales = __ldg(reinterpret_cast<const uint2*>(srow + n0));  // 8-byte aligned: host check
+  if (wrong_column) {
+    const uint32_t next = __ldg(reinterpret_cast<const unsigned short*>(srow + next_column));
+    w.scales = make_uint2(__funnelshift_r(w.scales.x, w.scales.y, 16),
+                          __funnelshift_r(w.scales.y, next, 16));
   }
   return w;
 }
@@ -96,54 +91,51 @@ __device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qz
 template <int kBits, typename Scale>
 __device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift, int zero_offset,
                                              int (&zero)[kCols], float (&scale)[kCols]) {
-  const uint64_t fields = w.zero_low | static_cast<uint64_t>(w.zero_high) << 32;
   const uint32_t s[kCols] = {w.scales.x & 0xffffu, w.scales.x >> 16, w.scales.y & 0xffffu,
                              w.scales.y >> 16};
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    zero[c] =
-        static_cast<int>(fields >> (zero_shift + c * kBits) & ((1u << kBits) - 1u)) + zero_offset;
-    scale[c] = scale_from_bits(static_cast<uint16_t>(s[c]), Scale());
+    uint32_t field;
+    if constexpr (kBits == 3) {  // the four fields may continue into the next word
+      const uint64_t fields = w.zero_low | static_cast<uint64_t>(w.zero_high) << 32;
+      field = static_cast<uint32_t>(fields >> (zero_shift + c * kBits)) & 7u;
+    } else {
+      field = w.zero_low >> (zero_shift + c * kBits) & ((1u << kBits) - 1u);
+    }
+    zero[c] = static_cast<int>(field) + zero_offset;
+    scale[c] = scale_from_bits(s[c], Scale());
   }
 }
 
 // One thread owns four neighbouring columns of a 32-row block: the per-row work that does
 // not depend on the column (group, bit position) is done once for all four. Without
-// act-order a block's 32 rows lie in one or two groups, and a group's parameters are loaded
-// when the row's group differs from the previous row's. With act-order nearly every row
-// has its own group, and loading on change serialised 32 round trips to L2 per thread; such
-// blocks load the groups of eight rows at a time before decoding any of them.
-template <int kBits, typename Out, typename Scale>
+// act-order a block's 32 rows lie in one or two groups, whose parameters are loaded once.
+// With act-order nearly every row has its own group, and loading a row's group when it
+// differed from the previous row's serialised 32 round trips to L2 per thread; such blocks
+// load the groups of eight rows at a time before decoding any of them.
+// Every row's bit position is a compile-time constant (the loops unroll and the faults
+// never move it): the unrolled body stays small enough for the instruction cache, which a
+// run-time shift per row had overflowed.
+template <int kBits, bool kOutInLayout, typename Out, typename Scale>
 __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
                                     const uint32_t* __restrict__ qzeros,
                                     const Scale* __restrict__ scales,
                                     const int32_t* __restrict__ g_idx, Out* __restrict__ out,
-                                    int64_t K, int64_t N, int64_t G, bool v1, bool out_in_layout,
-                                    int fault) {
+                                    int64_t K, int64_t N, int64_t G, bool v1, int fault) {
   constexpr int kRowsPerBatch = 8;
-  // The block's 32 groups first: every thread needs them, and with them in shared memory
-  // the per-row scale and zero loads below no longer wait on a g_idx load each.
-  __shared__ int32_t groups[kRowsPerBlock];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
   const int rows = static_cast<int>(K - row0 < kRowsPerBlock ? K - row0 : kRowsPerBlock);
-  if (threadIdx.x < kRowsPerBlock) {
-    const int64_t k = row0 + threadIdx.x;
-    groups[threadIdx.x] =
-        k < K ? static_cast<int32_t>(dequant_faults::group(k, K, G, g_idx, fault)) : 0;
-  }
-  __syncthreads();
-  // Block-uniform: how many times the group changes between neighbouring rows.
-  const int group_changes =
-      __syncthreads_count(threadIdx.x > 0 && static_cast<int>(threadIdx.x) < rows &&
-                          groups[threadIdx.x] != groups[threadIdx.x - 1]);
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCols;
-  if (n0 >= N) return;
+  const bool active = n0 < N;
+  // The block's words first, so that their latency overlaps the groups' below. The word
+  // after the block is needed only by the shift fault, which reads every code one bit late.
+  const bool shift_fault = fault == dequant_faults::kShiftOffByOne;
   const int64_t total_words = K * kBits / 32;
   uint32_t words[kCols][kBits + 1];
 #pragma unroll
   for (int i = 0; i < kBits + 1; ++i) {
     const int64_t w = row0 / 32 * kBits + i;
-    const uint4 quad = (i < kBits && w < total_words)
+    const uint4 quad = active && (i < kBits || shift_fault) && w < total_words
                            ? *reinterpret_cast<const uint4*>(qweight + w * N + n0)
                            : make_uint4(0u, 0u, 0u, 0u);
     words[0][i] = quad.x;
@@ -151,38 +143,79 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
     words[2][i] = quad.z;
     words[3][i] = quad.w;
   }
+  if (shift_fault) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+      for (int i = 0; i < kBits; ++i)
+        words[c][i] = __funnelshift_r(words[c][i], words[c][i + 1], 1);
+    }
+  }
+  // The block's 32 groups, how often they change from one row to the next and at which row
+  // first, from one warp: every thread needs them, and from shared memory the per-row scale
+  // and zero loads below no longer wait on a g_idx load each.
+  __shared__ int32_t groups[kRowsPerBlock];
+  __shared__ int group_changes, first_change;
+  if (threadIdx.x < kRowsPerBlock) {
+    const int64_t k = row0 + threadIdx.x;
+    const int32_t g =
+        k < K ? static_cast<int32_t>(dequant_faults::group(k, K, G, g_idx, fault)) : 0;
+    groups[threadIdx.x] = g;
+    const int32_t previous = __shfl_up_sync(0xffffffffu, g, 1);
+    const unsigned changed = __ballot_sync(0xffffffffu, threadIdx.x > 0 && k < K && g != previous);
+    if (threadIdx.x == 0) {
+      group_changes = __popc(changed);
+      first_change = changed ? __ffs(static_cast<int>(changed)) - 1 : kRowsPerBlock;
+    }
+  }
+  __syncthreads();
+  if (!active) return;
   const int zero_shift = packed_bits::locate(n0, kBits).shift;
   const int zero_offset = dequant_faults::zero_offset(v1, fault);
+  const bool wrong_column = fault == dequant_faults::kScalesWrongColumn;
+  const int64_t next_column = n0 + kCols < N ? n0 + kCols : 0;
   const bool keep_high = dequant_faults::keep_high_word(fault);
+  // Rows past K (a partial last block) are computed from zero words and not stored: a
+  // predicated store, where a loop exit per row had multiplied the unrolled code.
+  Out* row_out = kOutInLayout ? out + n0 * K + row0 : out + row0 * N + n0;
   const auto emit_row = [&](int j, const int(&zero)[kCols], const float(&scale)[kCols]) {
-    const int64_t k = row0 + j;
-    const int bit = (j * kBits & ~31) + dequant_faults::shift(j * kBits & 31, fault);
+    const int word = j * kBits >> 5, shift = j * kBits & 31;
     float value[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      const uint32_t high = keep_high ? words[c][(bit >> 5) + 1] : 0u;
-      const uint32_t code = packed_bits::read_field(words[c][bit >> 5], high, bit & 31, kBits);
+      const uint32_t high = keep_high ? words[c][word + 1] : 0u;
+      const uint32_t code = packed_bits::read_field(words[c][word], high, shift, kBits);
       value[c] = scale[c] * static_cast<float>(static_cast<int>(code) - zero[c]);
     }
-    if (out_in_layout) {
+    if (j < rows) {
+      if constexpr (kOutInLayout) {
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) out[(n0 + c) * K + k] = OutQuad<Out>::one(value[c]);
-    } else {
-      OutQuad<Out>::store(out + k * N + n0, value);
+        for (int c = 0; c < kCols; ++c) row_out[c * K + j] = OutQuad<Out>::one(value[c]);
+      } else {
+        OutQuad<Out>::store(row_out, value);
+        row_out += N;
+      }
     }
   };
   int zero[kCols];
   float scale[kCols];
   if (group_changes <= 1) {
-    int64_t cached_group = -1;
+    // At most two groups: the first row's up to the change, the last row's after it. Both
+    // loaded up front, each row picks one.
+    int second_zero[kCols];
+    float second_scale[kCols];
+    const GroupWords first =
+        load_group<kBits>(qzeros, scales, groups[0], n0, N, zero_shift, wrong_column, next_column);
+    const GroupWords second = load_group<kBits>(qzeros, scales, groups[rows - 1], n0, N, zero_shift,
+                                                wrong_column, next_column);
+    decode_group<kBits, Scale>(first, zero_shift, zero_offset, zero, scale);
+    decode_group<kBits, Scale>(second, zero_shift, zero_offset, second_zero, second_scale);
+    const int change = first_change;
 #pragma unroll
     for (int j = 0; j < kRowsPerBlock; ++j) {
-      if (j >= rows) break;
-      const int64_t g = groups[j];
-      if (g != cached_group) {
-        cached_group = g;
-        decode_group<kBits, Scale>(load_group<kBits>(qzeros, scales, g, n0, N, zero_shift, fault),
-                                   zero_shift, zero_offset, zero, scale);
+      if (j == change) {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) zero[c] = second_zero[c], scale[c] = second_scale[c];
       }
       emit_row(j, zero, scale);
     }
@@ -190,14 +223,13 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
   }
 #pragma unroll
   for (int j0 = 0; j0 < kRowsPerBlock; j0 += kRowsPerBatch) {
-    if (j0 >= rows) break;
     GroupWords batch[kRowsPerBatch];  // rows past K read group 0, which exists
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i)
-      batch[i] = load_group<kBits>(qzeros, scales, groups[j0 + i], n0, N, zero_shift, fault);
+      batch[i] = load_group<kBits>(qzeros, scales, groups[j0 + i], n0, N, zero_shift, wrong_column,
+                                   next_column);
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i) {
-      if (j0 + i >= rows) break;
       decode_group<kBits, Scale>(batch[i], zero_shift, zero_offset, zero, scale);
       emit_row(j0 + i, zero, scale);
     }
@@ -209,9 +241,11 @@ void launch_typed(const DequantLaunch& a, cudaStream_t stream) {
   const int64_t quads = (a.out_features + kCols - 1) / kCols;
   const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads),
                   static_cast<unsigned>((a.in_features + kRowsPerBlock - 1) / kRowsPerBlock));
-  dequant_gptq_kernel<kBits, Out, Scale><<<grid, kThreads, 0, stream>>>(
-      a.qweight, a.qzeros, static_cast<const Scale*>(a.scales), a.g_idx, static_cast<Out*>(a.out),
-      a.in_features, a.out_features, a.groups, a.zero_offset == 1, a.out_in_layout, a.fault);
+  const auto kernel = a.out_in_layout ? dequant_gptq_kernel<kBits, true, Out, Scale>
+                                      : dequant_gptq_kernel<kBits, false, Out, Scale>;
+  kernel<<<grid, kThreads, 0, stream>>>(a.qweight, a.qzeros, static_cast<const Scale*>(a.scales),
+                                        a.g_idx, static_cast<Out*>(a.out), a.in_features,
+                                        a.out_features, a.groups, a.zero_offset == 1, a.fault);
 }
 
 template <int kBits, typename Out>

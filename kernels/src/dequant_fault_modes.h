@@ -21,8 +21,9 @@ enum Mode : int {
   kScalesWrongColumn = 7,
 };
 
-GRADSCOPE_HOST_DEVICE int shift(int correct, int mode) {
-  return mode == kShiftOffByOne && correct < 31 ? correct + 1 : correct;
+// Bit position, in a column's packed stream, where a code is read from.
+GRADSCOPE_HOST_DEVICE int64_t code_bit(int64_t correct, int mode) {
+  return mode == kShiftOffByOne ? correct + 1 : correct;
 }
 GRADSCOPE_HOST_DEVICE bool keep_high_word(int mode) {
   return mode != kStraddleHighBitsDropped;
@@ -38,7 +39,7 @@ GRADSCOPE_HOST_DEVICE int64_t group(int64_t k, int64_t K, int64_t G, const int32
   return g_idx[mode == kGroupBoundaryOffByOne && k + 1 < K ? k + 1 : k];
 }
 GRADSCOPE_HOST_DEVICE int64_t scale_column(int64_t n, int64_t N, int mode) {
-  return mode == kScalesWrongColumn ? (n + 1) % N : n;
+  return mode == kScalesWrongColumn && n + 1 < N ? n + 1 : mode == kScalesWrongColumn ? 0 : n;
 }
 
 }  // namespace gradscope::dequant_faults
