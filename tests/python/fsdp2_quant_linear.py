@@ -83,6 +83,7 @@ def train(model, data, rank=None):
 
 
 def rank_main(rank, library, fixture, device_kind, out_dir):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", rank=rank,
@@ -90,12 +91,15 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
     device = torch.device(device_kind, rank) if device_kind == "cuda" else torch.device("cpu")
     if device_kind == "cuda":
         torch.cuda.set_device(device)
+    # The mesh named explicitly: fully_shard's default mesh takes CUDA wherever a GPU is, and
+    # the Gloo (CPU) run on a GPU machine then trained on cuda:0 against CPU batches.
+    mesh = init_device_mesh(device_kind, (WORLD,))
     report = {}
     # Does fully_shard take int32 words as parameters directly?
     probe = None
     try:
         probe, _ = make_model(library, fixture, None)
-        fully_shard(probe.to(device))
+        fully_shard(probe.to(device), mesh=mesh)
         report["int32_accepted"] = True
     except Exception as e:  # noqa: BLE001 - any refusal is the answer
         report["int32_accepted"] = f"no: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -105,8 +109,8 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
         model, tensors = make_model(library, fixture, view)
         model = model.to(device)
         for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         grads = train(model, batches(device), rank)
         words = {}
         for i, m in enumerate(MODULES):
