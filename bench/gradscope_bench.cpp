@@ -37,6 +37,11 @@ struct Timing {
   double peak_gib;  // peak allocated during one call beyond what was allocated before
 };
 
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Median time of `fn` with CUDA events, and its peak allocation from torch's allocator.
 Timing measure(const std::function<void()>& fn, int warmup, int repeats) {
   for (int i = 0; i < warmup; ++i) fn();
@@ -56,8 +61,7 @@ Timing measure(const std::function<void()>& fn, int warmup, int repeats) {
     stop.synchronize();
     ms.push_back(start.elapsed_time(stop));
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return {ms[ms.size() / 2], static_cast<double>(peak) / (1 << 30)};
+  return {median(ms), static_cast<double>(peak) / (1 << 30)};
 }
 
 // The call queued behind a spinning kernel, so that the GPU never waits for the host: the
@@ -102,10 +106,6 @@ QueuedTiming measure_queued(const std::function<void()>& fn, int repeats) {
     gpu.push_back(start.elapsed_time(stop));
     valid = valid && host.back() < 0.8 * spin_ms;
   }
-  const auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
   return {median(gpu), median(host), valid};
 }
 

@@ -38,8 +38,11 @@ GRADSCOPE_HOST_DEVICE int64_t group(int64_t k, int64_t K, int64_t G, const int32
   if (mode == kGIdxIgnored) return k * G / K;
   return g_idx[mode == kGroupBoundaryOffByOne && k + 1 < K ? k + 1 : k];
 }
+// Column n's scale taken from column n + 1, the last column's from column 0. (The CUDA
+// kernel applies the same fault by shifting its loaded scale vector; a test compares.)
 GRADSCOPE_HOST_DEVICE int64_t scale_column(int64_t n, int64_t N, int mode) {
-  return mode == kScalesWrongColumn && n + 1 < N ? n + 1 : mode == kScalesWrongColumn ? 0 : n;
+  if (mode != kScalesWrongColumn) return n;
+  return n + 1 < N ? n + 1 : 0;
 }
 
 }  // namespace gradscope::dequant_faults
