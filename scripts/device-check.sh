@@ -72,7 +72,10 @@ if has_step fsdp; then
     echo "== fsdp_cuda, fsdp2_python_cuda: skipped, $gpu_count GPU(s), 2 needed" | tee -a "$OUT/summary.log"
     [[ " ${STEPS_REQUESTED:-} " == *" fsdp "* ]] && status=1
   else
-    run fsdp_cuda "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
+    # Capped apart (FSDP_SECONDS; the suite takes about 45 s): a collective that hangs waits
+    # for NCCL's 120 s watchdog and then its abort (r21: 184 s), which would starve the steps
+    # after it of the call's time.
+    run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
     run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
   fi
   run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
