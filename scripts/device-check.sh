@@ -145,7 +145,8 @@ if has_step seeds; then
   grep -qv ': exit 0 ' "$OUT/seeds.log" && status=1
 fi
 # The CPU seed sweep is CI's job; here CTest checks the build of this machine.
-has_step ctest && run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep|kill_matrix_smoke}"
+# GRADSCOPE_REQUIRE_CUDA: the GPU-only tests fail instead of skipping when they find no GPU.
+has_step ctest && GRADSCOPE_REQUIRE_CUDA=1 run ctest ctest --test-dir "$BUILD_DIR" -j 8 --output-on-failure -E "${CTEST_EXCLUDE:-smoke_seed_sweep|kill_matrix_smoke}"
 if has_step memcheck && command -v compute-sanitizer >/dev/null; then
   # Out-of-bounds reads or writes in the kernels (dequant of every width, SwiGLU, the fused ops).
   run memcheck timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
