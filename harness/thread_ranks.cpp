@@ -1,8 +1,10 @@
 #include "harness/thread_ranks.h"
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -58,15 +60,47 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
   for (int r = 0; r < world; ++r) {
     try {
       threads.emplace_back([&, r] {
+        const auto failed = [&](const std::exception& e, const std::string& where) {
+          const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+          const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+          if (errors[r].empty())
+            errors[r] = where + (what.empty() ? "an exception without a message" : what);
+        };
+        c10::intrusive_ptr<c10d::Backend> backend;
+#ifdef GRADSCOPE_WITH_CUDA
+        std::optional<c10::cuda::CUDAGuard> guard;  // held through the shutdown below
+#endif
         try {
 #ifdef GRADSCOPE_WITH_CUDA
-          std::optional<c10::cuda::CUDAGuard> guard;
           if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
 #endif
-          body(r, make_backend(device_type, store, r, world, timeout));
+          backend = make_backend(device_type, store, r, world, timeout);
+          body(r, backend);
+#ifdef GRADSCOPE_WITH_CUDA
+          // NCCL's wait() only orders streams: the body can return with its last collectives
+          // still running on the GPU. A ProcessGroupNCCL destroyed without shutdown aborts its
+          // communicators, in-flight collectives included (r14-r21: the first fsdp case of a
+          // process got only rank 0's part of the gradients, the peer an ncclSystemError, a
+          // later case a hung reduce-scatter).
+          if (device_type == c10::DeviceType::CUDA) c10::cuda::device_synchronize();
+#endif
         } catch (const std::exception& e) {
-          errors[r] = e.what();
-          if (errors[r].empty()) errors[r] = "an exception without a message";
+          failed(e, "");
+        }
+        // No rank tears its group down while a peer may still be in a collective with it; a
+        // rank that failed arrives too, so that the others do not wait out the timeout.
+        try {
+          store->set("thread_ranks/done/" + std::to_string(r), {});
+          std::vector<std::string> keys;
+          for (int i = 0; i < world; ++i) keys.push_back("thread_ranks/done/" + std::to_string(i));
+          store->wait(keys, timeout);
+          if (backend && errors[r].empty()) {
+            backend->shutdown();
+          } else if (backend) {
+            backend->abort();
+          }
+        } catch (const std::exception& e) {
+          failed(e, "leaving with the other ranks: ");
         }
       });
     } catch (...) {

@@ -75,7 +75,7 @@ if has_step fsdp; then
     # Capped apart (FSDP_SECONDS; the suite takes about 45 s): a collective that hangs waits
     # for NCCL's 120 s watchdog and then its abort (r21: 184 s), which would starve the steps
     # after it of the call's time.
-    run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
+    NCCL_DEBUG=${NCCL_DEBUG:-WARN} run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
     run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
   fi
   run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
@@ -84,12 +84,13 @@ if has_step fsdp; then
 fi
 if has_step determinism; then
   # The smoke suite twice on CUDA: identical checks in the JSON (wall times and memory
-  # aside) and identical dumps (gradscope diff with zero tolerance).
+  # aside) and identical dumps (gradscope diff with zero tolerance). The dumps stay in the build
+  # folder: about 20 MiB each, over what a device call brings back of a file.
   for i in 1 2; do
     run "determinism_$i" "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet \
-      --json "$OUT/det_$i.json" --dump "$OUT/det_$i.h5" --dump-gradients-only
+      --json "$OUT/det_$i.json" --dump "$BUILD_DIR/det_$i.h5" --dump-gradients-only
   done
-  run determinism_dumps "$BUILD_DIR/gradscope" diff "$OUT/det_1.h5" "$OUT/det_2.h5" --rtol 0 --atol 0
+  run determinism_dumps "$BUILD_DIR/gradscope" diff "$BUILD_DIR/det_1.h5" "$BUILD_DIR/det_2.h5" --rtol 0 --atol 0
   run determinism_json python3 -c "
 import json, sys
 def checks(p):

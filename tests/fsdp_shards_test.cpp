@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "gradscope/fsdp_shards.h"
 #include "harness/checkpoint_shards.h"
 #include "harness/thread_ranks.h"
@@ -152,6 +154,21 @@ TEST_P(ShardedParametersTest, CheckpointBiasIsShardedToo) {
     EXPECT_TRUE(at::equal(sharded.bias(), bias));
     EXPECT_TRUE(at::equal(sharded.packed().qweight, ckpt.load(module).weight.qweight));
   });
+}
+
+// A failing rank still arrives at the ranks' closing barrier: the others leave without waiting
+// out the timeout (they would report it), and each rank reports only its own error.
+TEST(ThreadRanks, AFailingRankDoesNotHoldTheOthers) {
+  const auto errors =
+      run_thread_ranks(3, c10::DeviceType::CPU, std::chrono::seconds(20),
+                       [](int rank, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                         if (rank == 1) throw std::runtime_error("rank 1 failed on purpose");
+                         EXPECT_EQ(backend->getRank(), rank);
+                       });
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "rank 1 failed on purpose");
+  EXPECT_EQ(errors[2], "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ShardedParametersTest,
