@@ -79,7 +79,8 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
 #ifdef GRADSCOPE_WITH_CUDA
           // NCCL's wait() only orders streams: the body can return with its last collectives
           // still running on the GPU. A ProcessGroupNCCL destroyed without shutdown aborts its
-          // communicators, in-flight collectives included (r14-r21: the first fsdp case of a
+          // communicators, in-flight collectives included (its destructor's own comment warns
+          // that this corrupts results in libtorch programs; r14-r21: the first fsdp case of a
           // process got only rank 0's part of the gradients, the peer an ncclSystemError, a
           // later case a hung reduce-scatter).
           if (device_type == c10::DeviceType::CUDA) c10::cuda::device_synchronize();
