@@ -89,13 +89,18 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
           failed(e, "");
         }
         // No rank tears its group down while a peer may still be in a collective with it; a
-        // rank that failed arrives too, so that the others do not wait out the timeout.
+        // rank that failed arrives too, so that the others do not wait out the timeout. All
+        // shut down (a graceful destroy), or, if any rank failed, all abort: a destroy that
+        // waits for a peer which aborted could hang.
         try {
-          store->set("thread_ranks/done/" + std::to_string(r), {});
+          const auto key = [](int i) { return "thread_ranks/done/" + std::to_string(i); };
+          store->set(key(r), std::vector<uint8_t>{errors[r].empty() ? uint8_t{1} : uint8_t{0}});
           std::vector<std::string> keys;
-          for (int i = 0; i < world; ++i) keys.push_back("thread_ranks/done/" + std::to_string(i));
+          for (int i = 0; i < world; ++i) keys.push_back(key(i));
           store->wait(keys, timeout);
-          if (backend && errors[r].empty()) {
+          bool all_ok = true;
+          for (const auto& k : keys) all_ok = all_ok && store->get(k) == std::vector<uint8_t>{1};
+          if (backend && all_ok) {
             backend->shutdown();
           } else if (backend) {
             backend->abort();
