@@ -67,6 +67,25 @@ struct RankResult {
 
 const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
 
+// What the ranks read of the case, on the host. The case's tensors live on the main thread's
+// device (GPU 0 on CUDA): a rank reading them there would queue its copies on GPU 0's
+// default stream, which rank 0's collectives hold (wait() makes that stream wait for
+// them), so rank 1 could block behind a collective that needs rank 1 (the likely cause of
+// r21's hung reduce-scatter).
+struct HostCase {
+  std::vector<GptqWeight> base;
+  std::vector<at::Tensor> lora_A, lora_B;
+  at::Tensor x2, dy2;  // [tokens, hidden]
+  HostCase(const std::vector<tb::Projection>& p, const at::Tensor& x2_, const at::Tensor& dy2_)
+      : x2(x2_.cpu()), dy2(dy2_.cpu()) {
+    for (const auto& proj : p) {
+      base.push_back(proj.prod.base.to(at::kCPU));
+      lora_A.push_back(proj.prod.lora_A.detach().cpu());
+      lora_B.push_back(proj.prod.lora_B.detach().cpu());
+    }
+  }
+};
+
 // Bit-for-bit comparison of any two tensors of one dtype through an integer view of their
 // bytes (a float compare would call two equal NaN payloads different and 0 equal to -0).
 report::Check compare_bits(const std::string& path, const std::string& compared,
@@ -198,14 +217,15 @@ class FsdpRunner final : public CaseRunner {
                        std::to_string(c10::cuda::device_count()));
     }
 #endif
+    const HostCase host(p, x2, dy.prod.reshape({-1, hidden}));
     tb::Measure sharded_time(c);
     std::vector<RankResult> ranks(f.world_size);
     const std::string scratch = files::make_temp_dir("gradscope-fsdp");
-    const auto errors = run_thread_ranks(
-        static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
-        [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
-          run_rank(c, f, id, p, x2, dy.prod.reshape({-1, hidden}), backend, r, scratch, ranks[r]);
-        });
+    const auto errors =
+        run_thread_ranks(static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
+                         [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                           run_rank(c, f, id, host, backend, r, scratch, ranks[r]);
+                         });
     files::remove_tree(scratch);
     sharded_time.finish("sharded", result.metrics);
     // Every rank's error: the first rank's may only be a timeout waiting for another's.
@@ -237,8 +257,7 @@ class FsdpRunner final : public CaseRunner {
 
  private:
   static void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id,
-                       const std::vector<tb::Projection>& p, const at::Tensor& x2,
-                       const at::Tensor& dy2, const c10::intrusive_ptr<c10d::Backend>& backend,
+                       const HostCase& host, const c10::intrusive_ptr<c10d::Backend>& backend,
                        int64_t r, const std::string& scratch, RankResult& out) {
     // On CUDA, rank r owns GPU r (run_thread_ranks made it current).
     const at::Device device =
@@ -260,13 +279,13 @@ class FsdpRunner final : public CaseRunner {
       const std::string path = where + stage + "/" + kNames[j] + "/";
       out.checks.push_back(compare_exact(path + "lora_A", compared,
                                          modules[j]->lora_A.detach().cpu(),
-                                         p[j].prod.lora_A.cpu().to(at::kDouble)));
+                                         host.lora_A[j].to(at::kDouble)));
       out.checks.push_back(compare_exact(path + "lora_B", compared,
                                          modules[j]->lora_B.detach().cpu(),
-                                         p[j].prod.lora_B.cpu().to(at::kDouble)));
+                                         host.lora_B[j].to(at::kDouble)));
     };
-    for (const auto& proj : p) {
-      modules.emplace_back(proj.prod.base.to(at::kCPU), at::Tensor(), qo);
+    for (size_t j = 0; j < host.base.size(); ++j) {
+      modules.emplace_back(host.base[j], at::Tensor(), qo);
       auto& m = modules.back();
       // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
       // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
@@ -274,22 +293,19 @@ class FsdpRunner final : public CaseRunner {
       if (!f.float_view()) m->to(device);
       {
         const at::NoGradGuard no_grad;
-        // From the host, as a rank loads a state dict: the case's tensors live on GPU 0, and
-        // direct GPU 0 -> GPU r copies are a path no FSDP job takes (on the H200 host, with
-        // them, the first fsdp case of every process failed; without, it passes: r14-r17).
-        m->lora_A.copy_(proj.prod.lora_A.cpu());
-        m->lora_B.copy_(proj.prod.lora_B.cpu());
+        m->lora_A.copy_(host.lora_A[j]);  // from the host, as a rank loads a state dict
+        m->lora_B.copy_(host.lora_B[j]);
       }
       // The adapters as loaded, before any collective: with the check after the all-gather
       // below, a wrong copy and a failed gather tell themselves apart.
-      check_adapters(modules.size() - 1, "loaded", "as loaded vs the case's");
+      check_adapters(j, "loaded", "as loaded vs the case's");
       for (const auto& item : m->named_parameters()) {
         if (item.key() == "lora_A" || item.key() == "lora_B") {
           adapters.push_back(item.value());
         } else {
           frozen.push_back(item.value());
           frozen_before.push_back(item.value().detach().clone());
-          frozen_names.push_back(std::string(kNames[modules.size() - 1]) + "." + item.key());
+          frozen_names.push_back(std::string(kNames[j]) + "." + item.key());
         }
       }
     }
@@ -303,27 +319,27 @@ class FsdpRunner final : public CaseRunner {
     adapter_shards.gather();
     for (size_t j = 0; j < modules.size(); ++j) {
       const auto words = modules[j]->packed();
-      const auto& original = p[j].prod.base;
+      const auto& original = host.base[j];
       const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
       out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
-                                         words.qweight, original.qweight.cpu().to(at::kLong)));
+                                         words.qweight, original.qweight.to(at::kLong)));
       out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
-                                         words.qzeros, original.qzeros.cpu().to(at::kLong)));
+                                         words.qzeros, original.qzeros.to(at::kLong)));
       out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
-                                         words.scales, original.scales.cpu().to(at::kDouble)));
+                                         words.scales, original.scales.to(at::kDouble)));
       check_adapters(j, "gathered", "after all-gather vs before sharding");
     }
     // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
-    const int64_t slice = x2.size(0) / f.world_size;
+    const int64_t slice = host.x2.size(0) / f.world_size;
     const auto projection = [&](size_t j) {
       return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
                             modules[j]->lora_B, c.scaling()};
     };
     const auto slice_of = [&](const at::Tensor& t) {
-      return t.narrow(0, r * slice, slice).cpu().to(device);
+      return t.narrow(0, r * slice, slice).to(device);
     };
-    const auto y = lora_mlp(slice_of(x2), projection(0), projection(1), projection(2));
-    y.backward(slice_of(dy2));
+    const auto y = lora_mlp(slice_of(host.x2), projection(0), projection(1), projection(2));
+    y.backward(slice_of(host.dy2));
     std::vector<at::Tensor> grads;
     for (const auto& a : adapters) grads.push_back(a.grad());
     const auto grad_shards = adapter_shards.reduce_scatter(grads);

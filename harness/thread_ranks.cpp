@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -51,70 +52,92 @@ std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type
   setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
   const auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  // A thread that cannot start leaves the others to finish (or time out) and be joined: a
-  // joinable std::thread destroyed would terminate the process.
-  const auto join_all = [&] {
-    for (auto& t : threads) t.join();
+  // Every rank's group, so that a failing rank aborts them all: a peer blocked in a collective
+  // that the failed rank will never join gets out only when its own communicator is aborted
+  // (else it waits until NCCL's watchdog takes the whole process down).
+  std::mutex groups_mutex;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups(world);
+  bool any_failed = false;  // guarded by groups_mutex
+  const auto abort_all = [&] {
+    const std::lock_guard<std::mutex> lock(groups_mutex);
+    if (any_failed) return;
+    any_failed = true;
+    for (auto& g : groups) {
+      if (g) g->abort();
+    }
   };
+  const auto done_key = [](int i) { return "thread_ranks/done/" + std::to_string(i); };
+  const auto rank_main = [&](int r) {
+    const auto failed = [&](const std::exception& e, const std::string& where) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+      if (errors[r].empty()) {
+        errors[r] = where + (what.empty() ? "an exception without a message" : what);
+      }
+      abort_all();
+    };
+#ifdef GRADSCOPE_WITH_CUDA
+    std::optional<c10::cuda::CUDAGuard> guard;  // outlives the group: its teardown is on GPU r
+#endif
+    try {
+#ifdef GRADSCOPE_WITH_CUDA
+      if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
+#endif
+      const auto backend = make_backend(device_type, store, r, world, timeout);
+      {
+        const std::lock_guard<std::mutex> lock(groups_mutex);
+        groups[r] = backend;
+        if (any_failed) backend->abort();  // another rank failed before this one started
+      }
+      body(r, backend);
+#ifdef GRADSCOPE_WITH_CUDA
+      // NCCL's wait() only orders streams: the body can return with its last collectives
+      // still running on the GPU. A ProcessGroupNCCL destroyed without shutdown aborts its
+      // communicators, in-flight collectives included (its destructor's own comment warns
+      // that this corrupts results in libtorch programs; r14-r21: the first fsdp case of a
+      // process got only rank 0's part of the gradients, the peer an ncclSystemError).
+      if (device_type == c10::DeviceType::CUDA) c10::cuda::device_synchronize();
+#endif
+    } catch (const std::exception& e) {
+      failed(e, "");
+    }
+    // No rank tears its group down while a peer may still be in a collective with it; a rank
+    // that failed arrives too, so that the others do not wait out the timeout. All shut down
+    // (a graceful destroy, which NCCL may make every rank of the node take part in), or, if
+    // any rank failed, all groups were aborted already.
+    try {
+      store->set(done_key(r), std::vector<uint8_t>{errors[r].empty() ? uint8_t{1} : uint8_t{0}});
+      std::vector<std::string> keys;
+      for (int i = 0; i < world; ++i) keys.push_back(done_key(i));
+      store->wait(keys, timeout);
+      bool all_ok = true;
+      for (const auto& k : keys) all_ok = all_ok && store->get(k) == std::vector<uint8_t>{1};
+      c10::intrusive_ptr<c10d::Backend> to_shut_down;
+      {
+        const std::lock_guard<std::mutex> lock(groups_mutex);
+        if (all_ok && !any_failed) std::swap(to_shut_down, groups[r]);  // abort_all: not this one
+      }
+      if (to_shut_down) to_shut_down->shutdown();
+    } catch (const std::exception& e) {
+      store->set(done_key(r),
+                 std::vector<uint8_t>{0});  // a rank still to arrive must not shut down
+      failed(e, "leaving with the other ranks: ");
+    }
+  };
+  std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     try {
-      threads.emplace_back([&, r] {
-        const auto failed = [&](const std::exception& e, const std::string& where) {
-          const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-          const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-          if (errors[r].empty())
-            errors[r] = where + (what.empty() ? "an exception without a message" : what);
-        };
-        c10::intrusive_ptr<c10d::Backend> backend;
-#ifdef GRADSCOPE_WITH_CUDA
-        std::optional<c10::cuda::CUDAGuard> guard;  // held through the shutdown below
-#endif
-        try {
-#ifdef GRADSCOPE_WITH_CUDA
-          if (device_type == c10::DeviceType::CUDA) guard.emplace(static_cast<c10::DeviceIndex>(r));
-#endif
-          backend = make_backend(device_type, store, r, world, timeout);
-          body(r, backend);
-#ifdef GRADSCOPE_WITH_CUDA
-          // NCCL's wait() only orders streams: the body can return with its last collectives
-          // still running on the GPU. A ProcessGroupNCCL destroyed without shutdown aborts its
-          // communicators, in-flight collectives included (its destructor's own comment warns
-          // that this corrupts results in libtorch programs; r14-r21: the first fsdp case of a
-          // process got only rank 0's part of the gradients, the peer an ncclSystemError, a
-          // later case a hung reduce-scatter).
-          if (device_type == c10::DeviceType::CUDA) c10::cuda::device_synchronize();
-#endif
-        } catch (const std::exception& e) {
-          failed(e, "");
-        }
-        // No rank tears its group down while a peer may still be in a collective with it; a
-        // rank that failed arrives too, so that the others do not wait out the timeout. All
-        // shut down (a graceful destroy), or, if any rank failed, all abort: a destroy that
-        // waits for a peer which aborted could hang.
-        try {
-          const auto key = [](int i) { return "thread_ranks/done/" + std::to_string(i); };
-          store->set(key(r), std::vector<uint8_t>{errors[r].empty() ? uint8_t{1} : uint8_t{0}});
-          std::vector<std::string> keys;
-          for (int i = 0; i < world; ++i) keys.push_back(key(i));
-          store->wait(keys, timeout);
-          bool all_ok = true;
-          for (const auto& k : keys) all_ok = all_ok && store->get(k) == std::vector<uint8_t>{1};
-          if (backend && all_ok) {
-            backend->shutdown();
-          } else if (backend) {
-            backend->abort();
-          }
-        } catch (const std::exception& e) {
-          failed(e, "leaving with the other ranks: ");
-        }
-      });
+      threads.emplace_back(rank_main, r);
     } catch (...) {
-      join_all();
+      // The ranks that started finish (or fail) and are joined: a joinable std::thread
+      // destroyed would terminate the process. Those that did not start count as failed.
+      for (int i = r; i < world; ++i) store->set(done_key(i), std::vector<uint8_t>{0});
+      abort_all();
+      for (auto& t : threads) t.join();
       throw;
     }
   }
-  join_all();
+  for (auto& t : threads) t.join();
   return errors;
 }
 

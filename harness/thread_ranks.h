@@ -18,7 +18,8 @@ using RankBody = std::function<void(int rank, const c10::intrusive_ptr<c10d::Bac
 // Runs `body` on `world` threads and joins them all. Returns what each rank threw (its
 // what()), "" for a rank that returned. `timeout` bounds every collective. The ranks leave
 // together: each waits for its device's work (CUDA), then for every other rank, and only then
-// shuts its group down (all abort theirs instead if any rank failed).
+// shuts its group down. A rank that fails aborts every rank's group, so that none waits in a
+// collective that the failed rank will never join.
 std::vector<std::string> run_thread_ranks(int world, c10::DeviceType device_type,
                                           std::chrono::seconds timeout, const RankBody& body);
 

@@ -72,7 +72,7 @@ if has_step fsdp; then
     echo "== fsdp_cuda, fsdp2_python_cuda: skipped, $gpu_count GPU(s), 2 needed" | tee -a "$OUT/summary.log"
     [[ " ${STEPS_REQUESTED:-} " == *" fsdp "* ]] && status=1
   else
-    # Capped apart (FSDP_SECONDS; the suite takes about 45 s): a collective that hangs waits
+    # Capped apart (FSDP_SECONDS; the suite takes about 20 s, r17): a collective that hangs waits
     # for NCCL's 120 s watchdog and then its abort (r21: 184 s), which would starve the steps
     # after it of the call's time.
     NCCL_DEBUG=${NCCL_DEBUG:-WARN} run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"

@@ -171,6 +171,23 @@ TEST(ThreadRanks, AFailingRankDoesNotHoldTheOthers) {
   EXPECT_EQ(errors[2], "");
 }
 
+// A rank that fails before a collective the others are in: every rank returns, the failed
+// one with its own error and the others with theirs (aborted, or timed out where the backend
+// cannot abort), not a hang.
+TEST(ThreadRanks, AFailingRankDoesNotHangTheOthersInACollective) {
+  const auto errors =
+      run_thread_ranks(3, c10::DeviceType::CPU, std::chrono::seconds(3),
+                       [](int rank, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                         if (rank == 1) throw std::runtime_error("rank 1 failed on purpose");
+                         std::vector<at::Tensor> t = {at::ones({4})};
+                         backend->allreduce(t)->wait();
+                       });
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[1], "rank 1 failed on purpose");
+  EXPECT_NE(errors[0], "");
+  EXPECT_NE(errors[2], "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, ShardedParametersTest,
                          ::testing::Values(ShardingStrategy::kFlat,
                                            ShardingStrategy::kPerParameter));
