@@ -66,7 +66,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   // Rotation of the pairs (i, i + d/2) by position * theta^(-2i/d), written as
   // (a, b) -> (a cos - b sin, b cos + a sin) on the two halves.
   const auto f32 = x.options().dtype(at::kFloat);
-  const auto angle = at::arange(seq, f32).unsqueeze(1) *
+  const auto angle = at::arange(l.position_offset, l.position_offset + seq, f32).unsqueeze(1) *
                      at::exp(at::arange(half, f32) * (-2.0 * std::log(l.rope_theta) / d));
   const auto c = angle.cos().to(x.scalar_type()), s = angle.sin().to(x.scalar_type());
   const auto rope = [&](const at::Tensor& t) {  // [batch, heads, seq, d]

@@ -8,15 +8,18 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 
 #include "gradscope/dequant.h"
 #include "gradscope/faults.h"
 #include "harness/case_runner.h"
+#include "harness/case_sampler.h"
 #include "harness/case_spec.h"
 #include "harness/checkpoint_commands.h"
 #include "harness/environment.h"
@@ -111,6 +114,12 @@ std::vector<SelectedCase> select_cases(const Selection& sel) {
   return selected;
 }
 
+std::string format_figure(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -140,6 +149,15 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
     result.metrics = std::move(output.metrics);
     result.loss_curve = std::move(output.loss_curve);
     result.inputs = std::move(output.inputs);
+    // A result the case's formats cannot hold makes the case invalid, not failed.
+    for (const auto& check : result.checks) {
+      if (check.out_of_range) {
+        result.input_error = check.failure;
+        break;
+      }
+    }
+  } catch (const InputError& e) {
+    result.input_error = sc.id + ": " + e.what();
   } catch (const c10::Error& e) {
     report::Check error;
     error.path = sc.id + "/error";
@@ -169,7 +187,7 @@ struct RunOutputs {
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
 };
 
-int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
+void check_run_outputs(const RunOutputs& o) {
   check_output_path(o.json, "--json");
   check_output_path(o.dump, "--dump");
   check_output_path(o.junit, "--junit");
@@ -181,11 +199,16 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
     throw InputError("--against-factor must be at least 1, got " +
                      std::to_string(o.against_factor));
   }
-  const FaultInfo* fault = nullptr;
-  if (!o.inject.empty() && !(fault = find_fault(o.inject))) {
+  if (!o.inject.empty() && !find_fault(o.inject)) {
     throw InputError("--inject " + o.inject + ": no such fault (gradscope faults lists them)");
   }
-  const auto selected = select_cases(sel);
+}
+
+// Runs the selected cases, prints each and the summary, writes the reports. `max_seconds`
+// > 0 stops before a case once the run has taken that long.
+report::RunReport run_selected(const std::vector<SelectedCase>& selected, const RunOutputs& o,
+                               const std::string& program, double max_seconds = 0) {
+  const FaultInfo* fault = o.inject.empty() ? nullptr : find_fault(o.inject);
   bool any_cuda = false;
   for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
   if (any_cuda && !cuda_usable()) {
@@ -208,11 +231,17 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
   // A progress line on long runs, only where a person watches (stderr is a terminal).
   const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   for (size_t i = 0; i < selected.size(); ++i) {
+    if (max_seconds > 0 && elapsed() > max_seconds) {
+      std::cout << "--max-seconds " << max_seconds << ": stopped after " << i << " of "
+                << selected.size() << " cases\n";
+      break;
+    }
     if (progress) {
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\r[%zu/%zu] %.0fs %s\x1b[K", i + 1, selected.size(), elapsed,
+      std::fprintf(stderr, "\r[%zu/%zu] %.0fs %s\x1b[K", i + 1, selected.size(), elapsed(),
                    selected[i].id.c_str());
     }
     report.cases.push_back(run_case(selected[i], program, options));
@@ -234,9 +263,94 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
   }
   if (!o.junit.empty()) report::write_file_atomically(o.junit, report::to_junit_xml(report));
   if (!o.html.empty()) report::write_file_atomically(o.html, report::to_html(report));
+  return report;
+}
+
+int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
+  check_run_outputs(o);
+  const auto report = run_selected(select_cases(sel), o, program);
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
+  if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
+}
+
+struct SampleCommand {
+  SampleOptions draw;
+  std::string cases_out;  // folder for the drawn case files
+  double max_seconds = 0;
+};
+
+// `gradscope sample`: draws valid cases over the whole case space and runs them on correct
+// kernels. A failing check there is a false alarm (exit 1). Cases the formats cannot hold are
+// counted as invalid: legitimate outcomes of a draw, listed for review, not false alarms.
+int command_sample(const SampleCommand& cmd, const RunOutputs& o, const std::string& program) {
+  check_run_outputs(o);
+  if (!cmd.cases_out.empty()) {
+    if (files::exists(cmd.cases_out)) {
+      throw InputError("--cases-out " + cmd.cases_out + ": exists; give a new folder");
+    }
+    check_output_path(cmd.cases_out, "--cases-out");
+  }
+  auto draw = draw_cases(cmd.draw);
+  if (!cmd.cases_out.empty()) files::make_directory(cmd.cases_out);
+  std::vector<SelectedCase> selected;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < draw.cases.size(); ++i) {
+    auto& c = draw.cases[i];
+    if (!cmd.cases_out.empty()) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/case-%05zu.toml", i);
+      c.spec.file = cmd.cases_out + name;
+      report::write_file_atomically(c.spec.file, c.toml);
+    }
+    std::string id = find_runner(c.spec.kind)->case_id(c.spec);
+    if (!seen.insert(id).second) continue;  // two draws of one configuration run once
+    selected.push_back({std::move(c.spec), std::move(id)});
+  }
+  std::cout << "sampled " << selected.size() << " cases (seed " << cmd.draw.seed << ", "
+            << draw.rejected << " draws refused by the case rules and drawn again)\n";
+  const auto report = run_selected(selected, o, program, cmd.max_seconds);
+  // How close correct kernels come to their limits: the largest share of the floor used and
+  // of the limit, over every ratio check run.
+  struct Largest {
+    double value = 0;
+    std::string path;
+  } floor_use, base_floor_use, to_limit;
+  std::map<std::string, int64_t> by_kind;
+  for (const auto& c : report.cases) {
+    by_kind[c.kind] += 1;
+    for (const auto& check : c.checks) {
+      const auto keep = [&](Largest& l, const std::optional<double>& v) {
+        if (v && std::isfinite(*v) && *v > l.value) l = {*v, check.path};
+      };
+      keep(floor_use, check.floor_use);
+      keep(to_limit, check.error_to_limit);
+      // Base follows the floor's careful model where its adapter path is the model's: same
+      // dtype as the activations, or fp32 everywhere (docs/verification.md).
+      std::string dtype, adapter;
+      for (const auto& [name, value] : c.spec) {
+        if (name == "dtype") dtype = std::get<std::string>(value);
+        if (name == "adapter_dtype") adapter = std::get<std::string>(value);
+      }
+      if (adapter.empty() || adapter == dtype) keep(base_floor_use, check.baseline_floor_use);
+    }
+  }
+  std::cout << "\nsample summary: " << report.cases.size() << " cases run (";
+  for (const auto& [kind, n] : by_kind)
+    std::cout << (&kind == &by_kind.begin()->first ? "" : ", ") << kind << " " << n;
+  std::cout << "): " << report.passed() << " passed, " << report.failed() << " false alarms, "
+            << report.invalid() << " out of range or refused\n"
+            << "  largest err/limit of prod   " << format_figure(to_limit.value) << "  "
+            << to_limit.path << "\n"
+            << "  largest floor use of prod   " << format_figure(floor_use.value) << "  "
+            << floor_use.path << "\n"
+            << "  largest floor use of base   " << format_figure(base_floor_use.value) << "  "
+            << base_floor_use.path << " (cases whose base follows the careful model)\n";
+  for (const auto& c : report.cases) {
+    if (c.invalid()) std::cout << "  invalid: " << c.input_error << "\n";
+  }
+  return report.failed() == 0 ? 0 : 1;
 }
 
 int command_faults() {
@@ -347,6 +461,28 @@ int run_cli(int argc, const char* const* argv) {
   exporter->add_option("--seed", ex.seed, "seed of the weights (default 1)");
   exporter->add_option("--shards", ex.shards, "safetensors files (default 1)")
       ->check(CLI::Range(1, 64));
+  SampleCommand sample_cmd;
+  RunOutputs sample_outputs;
+  sample_outputs.quiet = true;
+  bool sample_verbose = false;
+  auto* sample = app.add_subcommand(
+      "sample", "draw random valid cases over every kind and field and run them (false alarms)");
+  sample->add_option("--count", sample_cmd.draw.count, "cases to draw (default 100)")
+      ->check(CLI::Range(1, 1000000));
+  sample->add_option("--seed", sample_cmd.draw.seed, "the sampler's seed (default 1)");
+  sample->add_option("--device", sample_cmd.draw.device, "device of every case (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sample->add_option("--kinds", sample_cmd.draw.kinds, "only these kinds, e.g. lora_w,layer")
+      ->delimiter(',');
+  sample->add_option("--cases-out", sample_cmd.cases_out,
+                     "write each drawn case as a case file into this new folder (for replay)");
+  sample
+      ->add_option("--max-seconds", sample_cmd.max_seconds,
+                   "stop starting cases after this many seconds (0: no bound)")
+      ->check(CLI::NonNegativeNumber);
+  sample->add_option("--json", sample_outputs.json, "write the JSON report to FILE");
+  sample->add_option("--junit", sample_outputs.junit, "write JUnit XML to FILE");
+  sample->add_flag("--verbose", sample_verbose, "print every case, not only failing ones");
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
@@ -369,6 +505,10 @@ int run_cli(int argc, const char* const* argv) {
   const std::string program = argc > 0 ? argv[0] : "gradscope";
   try {
     if (run->parsed()) return command_run(run_sel, outputs, program);
+    if (sample->parsed()) {
+      sample_outputs.quiet = !sample_verbose;
+      return command_sample(sample_cmd, sample_outputs, program);
+    }
     if (show->parsed()) return command_show(show_file, show_path);
     if (faults->parsed()) return command_faults();
     if (diff->parsed()) return command_diff(diff_a, diff_b, diff_options, diff_json);

@@ -19,6 +19,12 @@ std::vector<FieldSpec> fields() {
       FieldSpec("kv_heads", FieldType::kInt, int64_t{2}, "key/value heads (GQA)").in_range(1, 1024),
       FieldSpec("layers", FieldType::kInt, int64_t{2}, "decoder layers in the stack")
           .in_range(1, 128),
+      FieldSpec("position_offset", FieldType::kInt, int64_t{0},
+                "position of each sequence's first token (profile unit; realistic draws it)")
+          .in_range(0, 1 << 24),
+      FieldSpec("max_position", FieldType::kInt, int64_t{4096},
+                "the model's context: realistic positions stay below it")
+          .in_range(1, 1 << 24),
   };
 }
 
@@ -38,9 +44,25 @@ void validate(const CaseSpec& s, const std::string& kind) {
   if (s.get_float("dropout") != 0.0) {
     throw_field_error(s, "dropout", "must be 0 for kind " + kind + " (dropout is checked per op)");
   }
+  if (s.get_int("seq") < 2) {
+    throw_field_error(s, "seq",
+                      "must be at least 2 for kind " + kind +
+                          ": with one token a sequence attends only to itself, and the q_proj "
+                          "and k_proj gradients are identically zero (nothing to check)");
+  }
   if (s.get_int("batch") == 0) {
     throw_field_error(s, "batch",
                       "must be at least 1 for kind " + kind + " (attention needs [batch, seq])");
+  }
+  if (s.get_string("profile") == "realistic" && s.get_int("position_offset") != 0) {
+    throw_field_error(s, "position_offset",
+                      "must be 0 with profile realistic (the profile draws the offset)");
+  }
+  if (s.get_string("profile") == "realistic" && s.get_int("seq") > s.get_int("max_position")) {
+    throw_field_error(s, "max_position",
+                      "must be at least seq " + std::to_string(s.get_int("seq")) +
+                          " with profile realistic, got " +
+                          std::to_string(s.get_int("max_position")));
   }
   validate_gptq_shape(s, hidden, hidden, "hidden", "hidden");
   validate_gptq_shape(s, hidden, hidden / heads * kv, "hidden", "kv_heads");
@@ -53,15 +75,23 @@ Dims::Dims(const CaseSpec& s)
       intermediate(s.get_int("intermediate")),
       heads(s.get_int("heads")),
       kv_heads(s.get_int("kv_heads")),
-      layers(s.get_int("layers")) {}
+      layers(s.get_int("layers")),
+      position_offset(s.get_int("position_offset")),
+      max_position(s.get_int("max_position")) {}
 
 std::string Dims::id_part() const {
-  return "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
-         std::to_string(heads) + "kv" + std::to_string(kv_heads) + ".L" + std::to_string(layers);
+  std::string id = "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
+                   std::to_string(heads) + "kv" + std::to_string(kv_heads) + ".L" +
+                   std::to_string(layers);
+  if (position_offset != 0) id += ".pos" + std::to_string(position_offset);
+  if (max_position != 4096) id += ".ctx" + std::to_string(max_position);
+  return id;
 }
 
 reference::AttentionShape Dims::attention(const tb::Config& c) const {
-  return {c.batch, c.seq, heads, kv_heads, hidden / heads};
+  reference::AttentionShape shape{c.batch, c.seq, heads, kv_heads, hidden / heads};
+  shape.position_offset = first_position(c.seed, c.inputs, position_offset, max_position, c.seq);
+  return shape;
 }
 
 std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
@@ -95,8 +125,10 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
   return stack;
 }
 
-DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& L, tb::Impl impl) {
+DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& L, tb::Impl impl,
+                          int64_t position_offset) {
   DecoderLayer layer;
+  layer.position_offset = position_offset;
   layer.input_norm = L.input_norm.to(c.device);
   layer.post_attention_norm = L.post_attention_norm.to(c.device);
   layer.norm_eps = kNormEps;

@@ -144,7 +144,7 @@ class DequantRunner final : public CaseRunner {
       on_device.qweight = as_float_view(on_device.qweight, view);
       on_device.qzeros = as_float_view(on_device.qzeros, view);
     }
-    const auto prod_weight = dequantize_gptq(on_device, c.dtype, c.layout).cpu();
+    const auto prod_weight = dequantize_gptq(on_device, c.dtype, c.layout);
     const auto prod_codes = unpack_rows(packed.qweight, c.gptq.bits, K);
     const auto prod_zeros = decode_zero_points(packed.qzeros, c.gptq.bits, N, c.gptq.format);
 
@@ -179,11 +179,11 @@ class DequantRunner final : public CaseRunner {
     checks.push_back(compare_exact(p + "decoded_zeros", "prod zero decode vs reference decode",
                                    prod_zeros, bridge::to_tensor(ref_zeros), describe_zero, keep));
     const auto ref_in_layout = c.layout == DequantLayout::kOutIn ? ref_weight.t() : ref_weight;
-    checks.push_back(compare_exact(p + "weight",
-                                   "prod dequant (" + c.device +
-                                       ") vs fp64 reference rounded once to " +
-                                       s.get_string("dtype"),
-                                   prod_weight, ref_in_layout, describe, keep));
+    checks.push_back(
+        compare_exact(p + "weight",
+                      "prod dequant (" + c.device + ") vs fp64 reference rounded once to " +
+                          s.get_string("dtype"),
+                      prod_weight, ref_in_layout, describe, keep, Expected{c.dtype, device}));
     checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
     RunOutput out{checks, {}, {}, {}};
     if (keep) {

@@ -38,6 +38,17 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+void make_directory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0777) != 0) {
+    throw std::runtime_error(path + ": cannot create the folder: " + std::strerror(errno));
+  }
+}
+
 std::vector<std::string> subdirectories(const std::string& dir) {
   std::vector<std::string> names;
   for_each_entry(dir, [&](const std::string& name, const std::string& path) {

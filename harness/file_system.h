@@ -12,6 +12,10 @@ namespace gradscope::files {
 
 bool is_directory(const std::string& path);
 bool is_regular_file(const std::string& path);
+// Whether anything (a file, folder, link or device) is at `path`.
+bool exists(const std::string& path);
+// Creates the folder `path` (its parent must exist); throws a runtime_error naming it.
+void make_directory(const std::string& path);
 // Names of the folders directly inside `dir`, sorted.
 std::vector<std::string> subdirectories(const std::string& dir);
 // Paths of the regular files under `dir` (recursively) whose names end in `suffix`, sorted.

@@ -88,6 +88,7 @@ struct HostCase {
 
 // Bit-for-bit comparison of any two tensors of one dtype through an integer view of their
 // bytes (a float compare would call two equal NaN payloads different and 0 equal to -0).
+// The bytes are the state itself, not a computed result: all-zero bytes compare like any.
 report::Check compare_bits(const std::string& path, const std::string& compared,
                            const at::Tensor& got, const at::Tensor& want) {
   const auto bits = [](const at::Tensor& t) {
@@ -112,7 +113,9 @@ report::Check compare_bits(const std::string& path, const std::string& compared,
                     bridge::dtype_name(want.scalar_type());
     return check;
   }
-  return compare_exact(path, compared, bits(got), bits(want).to(at::kLong));
+  // Stored words may be all zero (g_idx of a layer with one group): that is still a check.
+  return compare_exact(path, compared, bits(got), bits(want).to(at::kLong), {}, false, std::nullopt,
+                       /*zero_allowed=*/true);
 }
 
 class FsdpRunner final : public CaseRunner {
@@ -194,21 +197,24 @@ class FsdpRunner final : public CaseRunner {
                                      tb::make_projection(c, "down_proj", inter, hidden)};
     for (auto& proj : p) plant_special_words(proj);
     auto x = tb::make_activation(c, "x", hidden, false);
-    auto dy = tb::make_activation(c, "dy", hidden, false);
+    auto dy = tb::make_output_grad(c, "dy", hidden);
     generate_time.finish("generate", result.metrics);
 
     // Unsharded: prod's fused op on all tokens, and the reference.
     tb::Measure unsharded_time(c);
     const auto x2 = x.prod.reshape({-1, hidden});
     auto y = lora_mlp(x2, p[0].prod, p[1].prod, p[2].prod);
-    const auto unsharded = tb::gradients({y},
-                                         {p[0].prod.lora_A, p[0].prod.lora_B, p[1].prod.lora_A,
-                                          p[1].prod.lora_B, p[2].prod.lora_A, p[2].prod.lora_B},
-                                         {dy.prod.reshape({-1, hidden})});
+    const auto unsharded = tb::backward({y}, {dy.prod.reshape({-1, hidden})}, at::Tensor(),
+                                        tb::of({&p[0], &p[1], &p[2]}, tb::Impl::kProd));
     unsharded_time.finish("unsharded", result.metrics);
     const reference::Dropout none;
+    const auto tape = reference::mlp_tape(x.ref, p[0].ref, p[1].ref, none);
     const auto ref =
-        reference::mlp_backward(x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none);
+        reference::mlp_backward(tape, x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none);
+    reference::RoundingNoise noise(tb::precision(c));
+    const auto yr = reference::lora_forward(reference::swiglu(tape.e, tape.g), p[2].ref, none);
+    const auto n =
+        noise.mlp(tape, x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none, yr, ref);
 
 #ifdef GRADSCOPE_WITH_CUDA
     if (c.device.is_cuda() && c10::cuda::device_count() < f.world_size) {
@@ -238,20 +244,40 @@ class FsdpRunner final : public CaseRunner {
       for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
     }
     const reference::ProjectionGrads* refs[] = {&ref.gate, &ref.up, &ref.down};
+    const reference::ProjectionGradsNoise* noises[] = {&n.gate, &n.up, &n.down};
+    // prod: the sharded run's summed gradients; base: the unsharded run's. The sharded sum
+    // adds per-rank partial sums in another order, no more.
+    tb::Checks checks(c, id + "/layer0/mlp/", options.keep_tensors, noise);
+    if (c.adapter_dtype != at::kFloat) {
+      // Each rank's partial gradient is held in the adapter dtype before the ranks sum them,
+      // by a careful implementation too: one beyond its range makes an overflow the case's.
+      const int64_t slice = c.tokens() / f.world_size;
+      const double max = tb::format_of(c.adapter_dtype).max;
+      for (int64_t r = 0; r < f.world_size; ++r) {
+        const reference::Matrix xs = x.ref.middleRows(r * slice, slice);
+        const reference::Matrix dys = dy.ref.middleRows(r * slice, slice);
+        const auto part =
+            reference::mlp_backward(xs, dys, p[0].ref, p[1].ref, p[2].ref, none, none);
+        const reference::ProjectionGrads* parts[] = {&part.gate, &part.up, &part.down};
+        for (size_t j = 0; j < 3; ++j) {
+          const double m =
+              std::max(parts[j]->dA.cwiseAbs().maxCoeff(), parts[j]->dB.cwiseAbs().maxCoeff());
+          if (m > max) {
+            checks.note_model_overflow("rank " + std::to_string(r) + "'s partial gradient of " +
+                                           kNames[j] + " reaches " + report::format_number(m) +
+                                           " > " + bridge::dtype_name(c.adapter_dtype) + " max " +
+                                           report::format_number(max),
+                                       bridge::dtype_name(c.adapter_dtype));
+          }
+        }
+      }
+    }
     for (size_t j = 0; j < 3; ++j) {
       const auto& g = ranks[0].adapter_grads;
-      const std::string base = id + "/layer0/mlp/" + kNames[j] + "/";
-      // prod: the sharded run's summed gradients; base: the unsharded run's. The sharded
-      // sum adds per-rank partial sums in another order, no more.
-      result.checks.push_back(
-          compare_ratio(base + "lora_A.grad", g[2 * j], unsharded[2 * j],
-                        bridge::to_tensor(refs[j]->dA).reshape(p[j].prod.lora_A.sizes()), c.dtype,
-                        options.keep_tensors));
-      result.checks.push_back(
-          compare_ratio(base + "lora_B.grad", g[2 * j + 1], unsharded[2 * j + 1],
-                        bridge::to_tensor(refs[j]->dB).reshape(p[j].prod.lora_B.sizes()), c.dtype,
-                        options.keep_tensors));
+      checks.add_adapter_grads(p[j], {g[2 * j], g[2 * j + 1]}, unsharded.adapters[j], *refs[j],
+                               *noises[j]);
     }
+    for (auto& check : checks.take()) result.checks.push_back(std::move(check));
     return result;
   }
 

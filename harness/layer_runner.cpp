@@ -40,11 +40,13 @@ class LayerRunner final : public CaseRunner {
     const int64_t hidden = dims.hidden, n_layers = dims.layers;
     const auto shape = dims.attention(c);
     RunOutput result;
+    result.metrics.emplace_back("inputs.first_position",
+                                static_cast<double>(shape.position_offset));
 
     tb::Measure generate_time(c, /*track_memory=*/false);
     const auto stack = ds::make_stack(c, dims);
     auto x = tb::make_activation(c, "x", hidden, true);
-    auto dy = tb::make_activation(c, "dy", hidden, false);
+    auto dy = tb::make_output_grad(c, "dy", hidden);
     generate_time.finish("generate", result.metrics);
 
     // The reference runs the stack; every layer of prod and base then starts from the
@@ -61,88 +63,86 @@ class LayerRunner final : public CaseRunner {
       tapes.push_back(reference::layer_tape(hr, L.ref, shape));
       hr = tapes.back().out;
     }
-    std::vector<reference::LayerGrads> ref_grads(n_layers);
     std::vector<reference::Matrix> ref_dys(n_layers);
     reference::Matrix dh = dy.ref;
     for (int64_t i = n_layers - 1; i >= 0; --i) {
       ref_dys[i] = dh;
-      ref_grads[i] = reference::layer_backward(tapes[i], ref_inputs[i], dh, stack[i].ref, shape);
-      dh = ref_grads[i].dx;
+      dh = reference::layer_backward(tapes[i], ref_inputs[i], dh, stack[i].ref, shape).dx;
     }
-    tapes.clear();
+    tapes.resize(1);  // layer 0's input is the generated x itself: its tape stands
     ref_time.finish("ref", result.metrics);
 
     // Layer i's input and output gradient in the case dtype, as prod and base see them
     // (i = 0 is the generated x and dy of the last layer is the generated dy); the
     // reference is re-run from these rounded values so all three judge the same problem.
-    const auto as_input = [&](const reference::Matrix& m, bool grad) {
-      return bridge::to_tensor(m)
-          .to(c.dtype)
-          .reshape(c.shape(hidden))
-          .to(c.device)
-          .requires_grad_(grad);
+    const auto rounded = [&](const reference::Matrix& m) {
+      return bridge::to_tensor(m).to(c.dtype).reshape(c.shape(hidden));
     };
+    std::vector<reference::Matrix> inputs(n_layers), dys(n_layers);
+    for (int64_t i = 0; i < n_layers; ++i) {
+      const auto as_matrix = [&](const at::Tensor& t) {
+        return bridge::to_matrix(t.to(at::kDouble).reshape({-1, hidden}));
+      };
+      inputs[i] = i == 0 ? x.ref : as_matrix(rounded(ref_inputs[i]));
+      dys[i] = i + 1 == n_layers ? dy.ref : as_matrix(rounded(ref_dys[i]));
+    }
+    ref_inputs.clear();
+    ref_dys.clear();
     // Building a layer's device modules from the host tensors is part of each pass; it is
     // also timed on its own (prod.setup_seconds, base.setup_seconds) so the phase shows how
     // much is setup rather than forward + backward.
     double setup_seconds[2] = {0, 0};
-    // output, d(input), then dA and dB of each projection; one entry per layer.
-    const auto pass = [&](tb::Impl impl, int64_t i, const at::Tensor& h, const at::Tensor& dy_i) {
+    struct Pass {
+      at::Tensor out;
+      tb::Gradients grads;
+    };
+    const auto pass = [&](tb::Impl impl, int64_t i) {
       const bool prod = impl == tb::Impl::kProd;
+      const auto& own = prod ? x.prod : x.base;
+      const auto h = i == 0 ? own : rounded(inputs[i]).to(c.device).requires_grad_(true);
+      const auto dy_i =
+          i + 1 == n_layers ? (prod ? dy.prod : dy.base) : rounded(dys[i]).to(c.device);
       std::vector<std::pair<std::string, double>> setup;
       tb::Measure setup_time(c, /*track_memory=*/false);
-      const auto d = ds::device_layer(c, dims, stack[i], impl);
+      const auto d = ds::device_layer(c, dims, stack[i], impl, shape.position_offset);
       setup_time.finish("setup", setup);
       setup_seconds[prod ? 0 : 1] += setup.back().second;
-      const LoraProjection* slots[] = {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down};
-      std::vector<at::Tensor> wrt = {h};
-      for (const auto* slot : slots) {
-        wrt.push_back(slot->lora_A);
-        wrt.push_back(slot->lora_B);
-      }
       const auto out = prod ? decoder_layer(h, d) : baseline::decoder_layer(h, d);
-      auto grads = tb::gradients({out}, wrt, {dy_i});
-      grads.insert(grads.begin(), out.detach());
-      return grads;
+      return Pass{out.detach(), tb::backward({out}, {dy_i}, h,
+                                             {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})};
     };
-    std::vector<std::vector<at::Tensor>> g(n_layers), gb(n_layers);
-    std::vector<reference::Matrix> ref_out(n_layers);
+    std::vector<Pass> prod(n_layers), base(n_layers);
     tb::Measure prod_time(c);
-    for (int64_t i = 0; i < n_layers; ++i) {
-      const auto h = i == 0 ? x.prod : as_input(ref_inputs[i], true);
-      g[i] = pass(tb::Impl::kProd, i, h, i + 1 == n_layers ? dy.prod : as_input(ref_dys[i], false));
-    }
+    for (int64_t i = 0; i < n_layers; ++i) prod[i] = pass(tb::Impl::kProd, i);
     prod_time.finish("prod", result.metrics);
     result.metrics.emplace_back("prod.setup_seconds", setup_seconds[0]);
     tb::Measure base_time(c);
-    for (int64_t i = 0; i < n_layers; ++i) {
-      const auto h = i == 0 ? x.base : as_input(ref_inputs[i], true);
-      gb[i] =
-          pass(tb::Impl::kBase, i, h, i + 1 == n_layers ? dy.base : as_input(ref_dys[i], false));
-    }
+    for (int64_t i = 0; i < n_layers; ++i) base[i] = pass(tb::Impl::kBase, i);
     base_time.finish("base", result.metrics);
     result.metrics.emplace_back("base.setup_seconds", setup_seconds[1]);
+
+    // The reference of layer i on exactly the rounded input and gradient prod saw, and the
+    // rounding noise of a careful implementation on that problem.
+    std::vector<reference::Matrix> ref_out(n_layers);
+    std::vector<reference::LayerGrads> ref_grads(n_layers);
+    std::vector<reference::LayerNoise> noise_of(n_layers);
+    reference::RoundingNoise noise(tb::precision(c));
+    double floor_seconds = 0;
     tb::Measure ref_layers_time(c, /*track_memory=*/false);
     for (int64_t i = 0; i < n_layers; ++i) {
-      // The reference of layer i on exactly the rounded input and gradient prod saw.
-      const auto h =
-          i == 0 ? x.ref
-                 : bridge::to_matrix(
-                       as_input(ref_inputs[i], false).cpu().to(at::kDouble).reshape({-1, hidden}));
-      const auto dyi =
-          i + 1 == n_layers
-              ? dy.ref
-              : bridge::to_matrix(
-                    as_input(ref_dys[i], false).cpu().to(at::kDouble).reshape({-1, hidden}));
-      // Layer 0 starts from the generated x itself and the last layer ends at the
-      // generated dy: where nothing was rounded, the first run's results stand.
-      ref_out[i] = i == 0 ? (n_layers > 1 ? ref_inputs[1] : hr)
-                          : reference::layer_forward(h, stack[i].ref, shape);
-      if (i > 0 || i + 1 < n_layers) {
-        ref_grads[i] = reference::layer_backward(h, dyi, stack[i].ref, shape);
-      }
+      const auto tape =
+          i == 0 ? std::move(tapes[0]) : reference::layer_tape(inputs[i], stack[i].ref, shape);
+      ref_out[i] = tape.out;
+      ref_grads[i] = reference::layer_backward(tape, inputs[i], dys[i], stack[i].ref, shape);
+      std::vector<std::pair<std::string, double>> floor;
+      tb::Measure floor_time(c, /*track_memory=*/false);
+      noise_of[i] = noise.layer(tape, inputs[i], dys[i], stack[i].ref, shape, ref_grads[i],
+                                "layer" + std::to_string(i));
+      floor_time.finish("floor", floor);
+      floor_seconds += floor.back().second;
     }
     ref_layers_time.finish("ref_layers", result.metrics);
+    result.metrics.emplace_back("floor.seconds", floor_seconds);
 
     std::vector<report::Check> checks;
     const auto append = [&](tb::Checks& part) {
@@ -150,20 +150,24 @@ class LayerRunner final : public CaseRunner {
     };
     for (int64_t i = 0; i < n_layers; ++i) {
       const std::string layer = id + "/layer" + std::to_string(i) + "/";
-      tb::Checks block(c, layer, options.keep_tensors);
-      block.add("hidden", "output", g[i][0], gb[i][0], ref_out[i], c.shape(hidden));
-      block.add("hidden", "input.grad", g[i][1], gb[i][1], ref_grads[i].dx, c.shape(hidden));
+      const auto &g = prod[i], &gb = base[i];
+      const auto& n = noise_of[i];
+      tb::Checks block(c, layer, options.keep_tensors, noise);
+      block.add("hidden", "output", {g.out, gb.out, ref_out[i], n.out}, c.shape(hidden));
+      block.add("hidden", "input.grad", {g.grads.dx, gb.grads.dx, ref_grads[i].dx, n.dx},
+                c.shape(hidden));
       append(block);
-      tb::Checks attn(c, layer + "self_attn/", options.keep_tensors);
-      tb::Checks mlp(c, layer + "mlp/", options.keep_tensors);
+      tb::Checks attn(c, layer + "self_attn/", options.keep_tensors, noise);
+      tb::Checks mlp(c, layer + "mlp/", options.keep_tensors, noise);
       const reference::ProjectionGrads* refs[] = {
           &ref_grads[i].q,    &ref_grads[i].k,  &ref_grads[i].v,   &ref_grads[i].o,
           &ref_grads[i].gate, &ref_grads[i].up, &ref_grads[i].down};
+      const reference::ProjectionGradsNoise* noises[] = {&n.q,    &n.k,  &n.v,   &n.o,
+                                                         &n.gate, &n.up, &n.down};
       for (size_t j = 0; j < 7; ++j) {
-        const size_t at = 2 + 2 * j;
         (j < 4 ? attn : mlp)
-            .add_adapter_grads(stack[i].projections[j], g[i][at], g[i][at + 1], gb[i][at],
-                               gb[i][at + 1], *refs[j]);
+            .add_adapter_grads(stack[i].projections[j], g.grads.adapters[j], gb.grads.adapters[j],
+                               *refs[j], *noises[j]);
       }
       append(attn);
       append(mlp);

@@ -44,6 +44,7 @@ std::vector<FieldSpec> fields() {
       FieldSpec("layer", FieldType::kInt, int64_t{0}, "decoder layer of the checkpoint")
           .in_range(0, 1 << 16),
   };
+  for (auto& p : profile_fields()) f.push_back(std::move(p));
   for (auto& g : gptq_fields()) f.push_back(std::move(g));
   return f;
 }
@@ -70,11 +71,13 @@ Config::Config(const CaseSpec& s)
       batch(s.get_int("batch")),
       seq(s.get_int("seq")),
       gptq(s),
+      inputs(s),
       checkpoint(s.get_string("checkpoint")),
       layer(s.get_int("layer")) {}
 
 double Config::scaling() const {
-  return lora_scaling(alpha, rank, rslora);
+  const double r = static_cast<double>(rank);
+  return rslora ? alpha / std::sqrt(r) : alpha / r;
 }
 
 std::vector<int64_t> Config::shape(int64_t features) const {
@@ -92,9 +95,36 @@ std::string Config::id_suffix() const {
   if (rslora) id << ".rslora";
   if (adapter_dtype != at::kFloat)
     id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
+  id << inputs.id_part();
   if (!checkpoint.empty()) id << ".ckpt-L" << layer;
   id << ".s" << seed;
   return id.str();
+}
+
+reference::Format format_of(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return {0x1.0p-11, 0x1.0p-25, 65504.0};
+    case at::kBFloat16:
+      return {0x1.0p-8, 0x1.0p-134, 0x1.FEp127};
+    case at::kDouble:
+      return {0x1.0p-53, 0.0, 0x1.FFFFFFFFFFFFFp1023};
+    default:
+      return {0x1.0p-24, 0x1.0p-150, 0x1.FFFFFEp127};
+  }
+}
+
+at::ScalarType adapter_compute_dtype(const Config& c) {
+  return c.dtype == c.adapter_dtype ? c.dtype : at::promote_types(c.dtype, c.adapter_dtype);
+}
+
+reference::Precision precision(const Config& c) {
+  // Sums accumulate in fp32, whose arithmetic may flush subnormal results to zero (CUDA's
+  // fast paths do): below its smallest normal, 2^-126, a value may be off by that much.
+  auto accumulate = format_of(at::kFloat);
+  accumulate.subnormal = 0x1.0p-126;
+  return {format_of(c.dtype), format_of(adapter_compute_dtype(c)), format_of(c.adapter_dtype),
+          accumulate};
 }
 
 namespace {
@@ -179,16 +209,43 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
     impl->bias = bias.defined() ? bias.to(c.device) : at::Tensor();
     impl->lora_A = leaf(a, c.device, true);
     impl->lora_B = leaf(b, c.device, true);
-    impl->scaling = c.scaling();
   }
+  // Prod's scaling is what a user of the production library gets from it.
+  p.prod.scaling = lora_scaling(c.alpha, c.rank, c.rslora);
+  p.base.scaling = c.scaling();
   return p;
 }
 
-Activation make_activation(const Config& c, const std::string& name, int64_t features,
-                           bool requires_grad) {
-  const auto values = rounded(normal_tensor(c.seed, name, c.shape(features)), c.dtype);
+namespace {
+
+Activation as_activation(const Config& c, const std::string& name, const at::Tensor& master,
+                         int64_t features, bool requires_grad) {
+  const auto values = rounded(master, c.dtype).reshape(c.shape(features));
+  if (!values.isfinite().all().item<bool>()) {
+    // A drawn input the dtype cannot hold (a loss scale or x_scale too large for it).
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", master.abs().max().item<double>());
+    throw InputError("input " + name + " reaches |" + name + "| = " + buf + ", beyond " +
+                     bridge::dtype_name(c.dtype) + "'s largest finite value " +
+                     report::format_number(format_of(c.dtype).max) +
+                     ": the case's inputs are out of range for its dtype (lower x_scale or "
+                     "loss_scale)");
+  }
   return {leaf(values, c.device, requires_grad), leaf(values, c.device, requires_grad),
           bridge::to_matrix(values)};
+}
+
+}  // namespace
+
+Activation make_activation(const Config& c, const std::string& name, int64_t features,
+                           bool requires_grad) {
+  return as_activation(c, name, draw_activations(c.seed, name, c.inputs, c.tokens(), features),
+                       features, requires_grad);
+}
+
+Activation make_output_grad(const Config& c, const std::string& name, int64_t features) {
+  return as_activation(c, name, draw_output_grads(c.seed, name, c.inputs, c.tokens(), features),
+                       features, false);
 }
 
 Dropout make_dropout(const Config& c, const std::string& name, int64_t features) {
@@ -202,18 +259,61 @@ Dropout make_dropout(const Config& c, const std::string& name, int64_t features)
   return d;
 }
 
-void Checks::add(const std::string& projection, const std::string& tensor, const at::Tensor& prod,
-                 const at::Tensor& base, const reference::Matrix& ref, at::IntArrayRef shape) {
-  const auto ref_tensor = bridge::to_tensor(ref).reshape(shape);
-  checks_.push_back(compare_ratio(prefix_ + projection + "/" + tensor, prod, base, ref_tensor,
-                                  config_.dtype, keep_tensors_));
+Checks::Checks(const Config& c, std::string prefix, bool keep_tensors,
+               const reference::RoundingNoise& noise)
+    : config_(c), prefix_(std::move(prefix)), keep_tensors_(keep_tensors) {
+  const auto act = format_of(c.dtype);
+  for (const auto& v : noise.stored()) {
+    if (v.max_abs > act.max) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "its %s reaches %.4g > %s max %.6g", v.name.c_str(), v.max_abs,
+                    bridge::dtype_name(c.dtype).c_str(), act.max);
+      model_format_ = bridge::dtype_name(c.dtype);
+      model_overflow_ = buf;
+      break;
+    }
+  }
 }
 
-void Checks::add_adapter_grads(const Projection& p, const at::Tensor& prod_dA,
-                               const at::Tensor& prod_dB, const at::Tensor& base_dA,
-                               const at::Tensor& base_dB, const reference::ProjectionGrads& ref) {
-  add(p.name, "lora_A.grad", prod_dA, base_dA, ref.dA, p.prod.lora_A.sizes());
-  add(p.name, "lora_B.grad", prod_dB, base_dB, ref.dB, p.prod.lora_B.sizes());
+void Checks::note_model_overflow(const std::string& what, const std::string& format) {
+  if (!model_overflow_.empty()) return;
+  model_overflow_ = what;
+  model_format_ = format;
+}
+
+void Checks::add_as(const std::string& path, const Compared& t, at::IntArrayRef shape,
+                    const Expected& expected, ErrorStatistic statistic) {
+  RatioInputs in;
+  in.path = prefix_ + path;
+  in.prod = t.prod;
+  in.base = t.base;
+  in.ref = bridge::to_tensor(t.ref).reshape(shape);
+  in.sigma = bridge::to_tensor(t.variance).sqrt().reshape(shape);
+  in.expected = expected;
+  in.format = bridge::dtype_name(expected.dtype);
+  in.format_max = format_of(expected.dtype).max;
+  in.model_overflow = model_overflow_;
+  in.model_format = model_format_;
+  in.precision = bridge::dtype_name(config_.dtype) + " activations, " +
+                 bridge::dtype_name(adapter_compute_dtype(config_)) + " adapter path";
+  in.statistic = statistic;
+  in.keep_tensors = keep_tensors_;
+  checks_.push_back(compare_ratio(in));
+}
+
+void Checks::add(const std::string& projection, const std::string& tensor, const Compared& t,
+                 at::IntArrayRef shape) {
+  add_as(projection + "/" + tensor, t, shape, {config_.dtype, config_.device});
+}
+
+void Checks::add_adapter_grads(const Projection& p, const AdapterGrads& prod,
+                               const AdapterGrads& base, const reference::ProjectionGrads& ref,
+                               const reference::ProjectionGradsNoise& noise) {
+  const Expected adapter{config_.adapter_dtype, config_.device};
+  add_as(p.name + "/lora_A.grad", {prod.dA, base.dA, ref.dA, noise.dA}, p.prod.lora_A.sizes(),
+         adapter);
+  add_as(p.name + "/lora_B.grad", {prod.dB, base.dB, ref.dB, noise.dB}, p.prod.lora_B.sizes(),
+         adapter);
 }
 
 Measure::Measure(const Config& c, bool track_memory)
@@ -262,21 +362,24 @@ void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
   }
 }
 
-std::vector<at::Tensor> leaves(const Activation& x,
-                               const std::vector<const Projection*>& projections, Impl impl) {
-  const bool prod = impl == Impl::kProd;
-  std::vector<at::Tensor> out = {prod ? x.prod : x.base};
-  for (const auto* p : projections) {
-    const auto& lora = prod ? p->prod : p->base;
-    out.push_back(lora.lora_A);
-    out.push_back(lora.lora_B);
-  }
+std::vector<const LoraProjection*> of(const std::vector<const Projection*>& projections,
+                                      Impl impl) {
+  std::vector<const LoraProjection*> out;
+  for (const auto* p : projections) out.push_back(impl == Impl::kProd ? &p->prod : &p->base);
   return out;
 }
 
-std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
-                                  const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& grad_outputs) {
+Gradients backward(const std::vector<at::Tensor>& outputs,
+                   const std::vector<at::Tensor>& grad_outputs, const at::Tensor& x,
+                   const std::vector<const LoraProjection*>& projections) {
+  // x undefined (or not requiring grad): the adapters' gradients only.
+  const bool with_x = x.defined() && x.requires_grad();
+  std::vector<at::Tensor> inputs;
+  if (with_x) inputs.push_back(x);
+  for (const auto* p : projections) {
+    inputs.push_back(p->lora_A);
+    inputs.push_back(p->lora_B);
+  }
   // allow_unused: an input the graph never reached comes back undefined, and the
   // comparison then fails it as a zero gradient instead of throwing here.
   auto grads = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false,
@@ -284,7 +387,13 @@ std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) grads[i] = at::zeros_like(inputs[i]);
   }
-  return grads;
+  Gradients g;
+  const size_t first = with_x ? 1 : 0;
+  if (with_x) g.dx = grads[0];
+  for (size_t j = 0; j < projections.size(); ++j) {
+    g.adapters.push_back({grads[first + 2 * j], grads[first + 2 * j + 1]});
+  }
+  return g;
 }
 
 }  // namespace gradscope::lora_testbed

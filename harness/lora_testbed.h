@@ -12,12 +12,16 @@
 
 #include "gradscope/lora_ops.h"
 #include "harness/case_runner.h"
+#include "harness/compare.h"
 #include "harness/gptq_layer_gen.h"
+#include "harness/input_profiles.h"
 #include "reference/lora_reference.h"
+#include "reference/rounding_noise.h"
 
 namespace gradscope::lora_testbed {
 
-// rank, alpha, rslora, dropout, bias, adapter_dtype, batch, seq, then the GPTQ fields.
+// rank, alpha, rslora, dropout, bias, adapter_dtype, batch, seq, the profile fields, then the
+// GPTQ fields.
 std::vector<FieldSpec> fields();
 void validate(const CaseSpec& spec);
 
@@ -34,16 +38,27 @@ struct Config {
   int64_t batch;  // 0: 2-D input [seq, features]
   int64_t seq;
   GptqGenSpec gptq;
+  ProfileSpec inputs;
   std::string checkpoint;  // empty: seeded layers; else base weights from this checkpoint
   int64_t layer;           // the checkpoint's decoder layer
 
   explicit Config(const CaseSpec& spec);
+  // The LoRA scaling from the case's fields, derived here for the baseline and the reference
+  // (alpha / r, or alpha / sqrt(r) for rsLoRA; docs/lora-math.md). Prod's comes from the
+  // production library's own lora_scaling(): a wrong formula there cannot move the judges.
   double scaling() const;
   int64_t tokens() const { return batch > 0 ? batch * seq : seq; }
   std::vector<int64_t> shape(int64_t features) const;
-  // ".t2x32.r8.b4g128.v1.sym[.p0.1][.bias][.a32][.rslora][.adapter-bf16].s1"
+  // ".t2x32.r8.b4g128.v1.sym[.p0.1][.bias][.a32][.rslora][.adapter-bf16][.realistic].s1"
   std::string id_suffix() const;
 };
+
+// The formats a careful implementation of the case computes in (the rounding-noise model of
+// the floor), derived from the case's dtypes, and the name of each.
+reference::Format format_of(at::ScalarType dtype);
+reference::Precision precision(const Config& c);
+// The format adapters' gradients are computed in: the wider of activation and adapter dtypes.
+at::ScalarType adapter_compute_dtype(const Config& c);
 
 // One projection: frozen GPTQ base and adapters, once for prod and once (separate
 // autograd leaves, same values) for the baseline, and the reference's fp64 copy.
@@ -64,8 +79,11 @@ struct Activation {
   at::Tensor prod, base;
   reference::Matrix ref;
 };
+// An activation drawn by the case's input profile.
 Activation make_activation(const Config& c, const std::string& name, int64_t features,
                            bool requires_grad);
+// An output gradient drawn by the case's input profile (never requires grad).
+Activation make_output_grad(const Config& c, const std::string& name, int64_t features);
 
 struct Dropout {
   LoraDropout device;
@@ -74,24 +92,47 @@ struct Dropout {
 // Bernoulli(1 - p) mask from stream `name` over [tokens, features].
 Dropout make_dropout(const Config& c, const std::string& name, int64_t features);
 
-// Collects the ratio-rule checks of one case under <id>/layer0/<module>/.
+// One projection's adapter gradients as an implementation returns them.
+struct AdapterGrads {
+  at::Tensor dA, dB;
+};
+
+// One compared tensor as the three implementations computed it, and the variance of a
+// careful implementation's rounding error at each element (the floor's model).
+struct Compared {
+  at::Tensor prod, base;
+  const reference::Matrix& ref;
+  const reference::Matrix& variance;
+};
+
+// Collects the ratio-rule checks of one case under <id>/layer0/<module>/. The noise model
+// that produced the variances says which of its intermediates left the activation range.
 class Checks {
  public:
-  Checks(const Config& c, std::string prefix, bool keep_tensors)
-      : config_(c), prefix_(std::move(prefix)), keep_tensors_(keep_tensors) {}
-  // `projection`/`tensor`, e.g. ("q_proj", "lora_A.grad"); ref is reshaped to prod's
-  // expected shape `shape` so a wrongly shaped prod fails.
-  void add(const std::string& projection, const std::string& tensor, const at::Tensor& prod,
-           const at::Tensor& base, const reference::Matrix& ref, at::IntArrayRef shape);
-  void add_adapter_grads(const Projection& p, const at::Tensor& prod_dA, const at::Tensor& prod_dB,
-                         const at::Tensor& base_dA, const at::Tensor& base_dB,
-                         const reference::ProjectionGrads& ref);
+  Checks(const Config& c, std::string prefix, bool keep_tensors,
+         const reference::RoundingNoise& noise);
+  // `projection`/`tensor`, e.g. ("q_proj", "output"), an activation-dtype tensor; ref is
+  // reshaped to prod's expected shape `shape` so a wrongly shaped prod fails.
+  void add(const std::string& projection, const std::string& tensor, const Compared& t,
+           at::IntArrayRef shape);
+  // lora_A.grad and lora_B.grad, expected in the adapter dtype.
+  void add_adapter_grads(const Projection& p, const AdapterGrads& prod, const AdapterGrads& base,
+                         const reference::ProjectionGrads& ref,
+                         const reference::ProjectionGradsNoise& noise);
+  // A tensor expected in another dtype or on another device (e.g. fp32 losses on the host).
+  void add_as(const std::string& path, const Compared& t, at::IntArrayRef shape,
+              const Expected& expected, ErrorStatistic statistic = ErrorStatistic::kMaxAbs);
+  // An intermediate of the careful implementation that leaves its format's range, found by
+  // the runner itself (e.g. a rank's partial gradient): a prod that overflows with it makes the
+  // case out of range. The first one noted stands.
+  void note_model_overflow(const std::string& what, const std::string& format);
   std::vector<report::Check> take() { return std::move(checks_); }
 
  private:
   const Config& config_;
   std::string prefix_;
   bool keep_tensors_;
+  std::string model_overflow_, model_format_;
   std::vector<report::Check> checks_;
 };
 
@@ -118,14 +159,18 @@ void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
                  const std::vector<std::pair<std::string, const Dropout*>>& dropouts);
 
 enum class Impl { kProd, kBase };
-// The autograd leaves of one implementation, in the order runners index gradients:
-// x, then lora_A and lora_B of each projection in turn.
-std::vector<at::Tensor> leaves(const Activation& x,
-                               const std::vector<const Projection*>& projections, Impl impl);
 
-// Gradients of `outputs` (seeded with `grad_outputs`) with respect to `inputs`.
-std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& outputs,
-                                  const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& grad_outputs);
+// The gradients one implementation returns: of its input, and of each projection's adapters.
+struct Gradients {
+  at::Tensor dx;
+  std::vector<AdapterGrads> adapters;  // in the order the projections were given
+};
+// Backpropagates `grad_outputs` from `outputs` to x (when it requires grad) and every adapter
+// of `projections`.
+Gradients backward(const std::vector<at::Tensor>& outputs,
+                   const std::vector<at::Tensor>& grad_outputs, const at::Tensor& x,
+                   const std::vector<const LoraProjection*>& projections);
+// The projections of one implementation.
+std::vector<const LoraProjection*> of(const std::vector<const Projection*>& projections, Impl impl);
 
 }  // namespace gradscope::lora_testbed

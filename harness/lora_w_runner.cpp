@@ -43,18 +43,18 @@ class LoraWRunner final : public CaseRunner {
     tb::Measure generate_time(c, /*track_memory=*/false);
     auto o = tb::make_projection(c, "o_proj", in, out);
     auto x = tb::make_activation(c, "x", in, true);
-    auto dy = tb::make_activation(c, "dy", out, false);
+    auto dy = tb::make_output_grad(c, "dy", out);
     auto drop = tb::make_dropout(c, "dropout.x", in);
 
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_w(x.prod, o.prod, drop.device);
-    const auto g = tb::gradients({y}, tb::leaves(x, {&o}, tb::Impl::kProd), {dy.prod});
+    const auto g = tb::backward({y}, {dy.prod}, x.prod, tb::of({&o}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const auto yb = baseline::lora_linear(x.base, o.base, drop.device);
-    const auto gb = tb::gradients({yb}, tb::leaves(x, {&o}, tb::Impl::kBase), {dy.base});
+    const auto gb = tb::backward({yb}, {dy.base}, x.base, tb::of({&o}, tb::Impl::kBase));
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);
@@ -62,10 +62,18 @@ class LoraWRunner final : public CaseRunner {
     const auto gr = reference::lora_backward(x.ref, dy.ref, o.ref, drop.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors);
-    checks.add("o_proj", "output", y, yb, yr, c.shape(out));
-    checks.add("o_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(in));
-    checks.add_adapter_grads(o, g[1], g[2], gb[1], gb[2], gr);
+    tb::Measure floor_time(c, /*track_memory=*/false);
+    reference::RoundingNoise noise(tb::precision(c));
+    const reference::Matrix exact;
+    const auto fn = noise.lora_forward(x.ref, exact, o.ref, drop.ref, yr, "o_proj");
+    const auto gn =
+        noise.lora_backward(x.ref, exact, dy.ref, exact, o.ref, drop.ref, fn, gr, "o_proj");
+    floor_time.finish("floor", result.metrics);
+
+    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors, noise);
+    checks.add("o_proj", "output", {y, yb, yr, fn.y}, c.shape(out));
+    checks.add("o_proj", "input.grad", {g.dx, gb.dx, gr.dx, gn.dx}, c.shape(in));
+    checks.add_adapter_grads(o, g.adapters[0], gb.adapters[0], gr, gn);
     tb::keep_inputs(result, options, x, {{"dy", &dy}}, {&o}, {{"dropout.x", &drop}});
     result.checks = checks.take();
     return result;

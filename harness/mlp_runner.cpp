@@ -46,36 +46,43 @@ class MlpRunner final : public CaseRunner {
     auto up = tb::make_projection(c, "up_proj", hidden, inter);
     auto down = tb::make_projection(c, "down_proj", inter, hidden);
     auto x = tb::make_activation(c, "x", hidden, true);
-    auto dy = tb::make_activation(c, "dy", hidden, false);
+    auto dy = tb::make_output_grad(c, "dy", hidden);
     auto drop_x = tb::make_dropout(c, "dropout.x", hidden);
     auto drop_h = tb::make_dropout(c, "dropout.h", inter);
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_mlp(x.prod, gate.prod, up.prod, down.prod, drop_x.device, drop_h.device);
     const auto g =
-        tb::gradients({y}, tb::leaves(x, {&gate, &up, &down}, tb::Impl::kProd), {dy.prod});
+        tb::backward({y}, {dy.prod}, x.prod, tb::of({&gate, &up, &down}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const auto yb =
         baseline::lora_mlp(x.base, gate.base, up.base, down.base, drop_x.device, drop_h.device);
     const auto gb =
-        tb::gradients({yb}, tb::leaves(x, {&gate, &up, &down}, tb::Impl::kBase), {dy.base});
+        tb::backward({yb}, {dy.base}, x.base, tb::of({&gate, &up, &down}, tb::Impl::kBase));
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);
+    const auto tape = reference::mlp_tape(x.ref, gate.ref, up.ref, drop_x.ref);
     const auto yr =
-        reference::mlp_forward(x.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref);
-    const auto gr =
-        reference::mlp_backward(x.ref, dy.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref);
+        reference::lora_forward(reference::swiglu(tape.e, tape.g), down.ref, drop_h.ref);
+    const auto gr = reference::mlp_backward(tape, x.ref, dy.ref, gate.ref, up.ref, down.ref,
+                                            drop_x.ref, drop_h.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/mlp/", options.keep_tensors);
-    checks.add("down_proj", "output", y, yb, yr, c.shape(hidden));
-    checks.add("gate_up_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(hidden));
-    checks.add_adapter_grads(gate, g[1], g[2], gb[1], gb[2], gr.gate);
-    checks.add_adapter_grads(up, g[3], g[4], gb[3], gb[4], gr.up);
-    checks.add_adapter_grads(down, g[5], g[6], gb[5], gb[6], gr.down);
+    tb::Measure floor_time(c, /*track_memory=*/false);
+    reference::RoundingNoise noise(tb::precision(c));
+    const auto n =
+        noise.mlp(tape, x.ref, dy.ref, gate.ref, up.ref, down.ref, drop_x.ref, drop_h.ref, yr, gr);
+    floor_time.finish("floor", result.metrics);
+
+    tb::Checks checks(c, id + "/layer0/mlp/", options.keep_tensors, noise);
+    checks.add("down_proj", "output", {y, yb, yr, n.y}, c.shape(hidden));
+    checks.add("gate_up_proj", "input.grad", {g.dx, gb.dx, gr.dx, n.dx}, c.shape(hidden));
+    checks.add_adapter_grads(gate, g.adapters[0], gb.adapters[0], gr.gate, n.gate);
+    checks.add_adapter_grads(up, g.adapters[1], gb.adapters[1], gr.up, n.up);
+    checks.add_adapter_grads(down, g.adapters[2], gb.adapters[2], gr.down, n.down);
     tb::keep_inputs(result, options, x, {{"dy", &dy}}, {&gate, &up, &down},
                     {{"dropout.x", &drop_x}, {"dropout.h", &drop_h}});
     result.checks = checks.take();

@@ -61,23 +61,23 @@ class QkvRunner final : public CaseRunner {
     auto k = tb::make_projection(c, "k_proj", hidden, kv_out);
     auto v = tb::make_projection(c, "v_proj", hidden, kv_out);
     auto x = tb::make_activation(c, "x", hidden, true);
-    auto dq = tb::make_activation(c, "dq", hidden, false);
-    auto dk = tb::make_activation(c, "dk", kv_out, false);
-    auto dv = tb::make_activation(c, "dv", kv_out, false);
+    auto dq = tb::make_output_grad(c, "dq", hidden);
+    auto dk = tb::make_output_grad(c, "dk", kv_out);
+    auto dv = tb::make_output_grad(c, "dv", kv_out);
     auto drop = tb::make_dropout(c, "dropout.x", hidden);
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
     const auto y = lora_qkv(x.prod, q.prod, k.prod, v.prod, drop.device);
     const auto g =
-        tb::gradients(y, tb::leaves(x, {&q, &k, &v}, tb::Impl::kProd), {dq.prod, dk.prod, dv.prod});
+        tb::backward(y, {dq.prod, dk.prod, dv.prod}, x.prod, tb::of({&q, &k, &v}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);
 
     tb::Measure base_time(c);
     const std::vector<at::Tensor> yb = {baseline::lora_linear(x.base, q.base, drop.device),
                                         baseline::lora_linear(x.base, k.base, drop.device),
                                         baseline::lora_linear(x.base, v.base, drop.device)};
-    const auto gb = tb::gradients(yb, tb::leaves(x, {&q, &k, &v}, tb::Impl::kBase),
-                                  {dq.base, dk.base, dv.base});
+    const auto gb = tb::backward(yb, {dq.base, dk.base, dv.base}, x.base,
+                                 tb::of({&q, &k, &v}, tb::Impl::kBase));
     base_time.finish("base", result.metrics);
 
     tb::Measure ref_time(c, /*track_memory=*/false);
@@ -86,14 +86,19 @@ class QkvRunner final : public CaseRunner {
         reference::qkv_backward(x.ref, dq.ref, dk.ref, dv.ref, q.ref, k.ref, v.ref, drop.ref);
     ref_time.finish("ref", result.metrics);
 
-    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors);
-    checks.add("q_proj", "output", y[0], yb[0], yr.q, c.shape(hidden));
-    checks.add("k_proj", "output", y[1], yb[1], yr.k, c.shape(kv_out));
-    checks.add("v_proj", "output", y[2], yb[2], yr.v, c.shape(kv_out));
-    checks.add("qkv_proj", "input.grad", g[0], gb[0], gr.dx, c.shape(hidden));
-    checks.add_adapter_grads(q, g[1], g[2], gb[1], gb[2], gr.q);
-    checks.add_adapter_grads(k, g[3], g[4], gb[3], gb[4], gr.k);
-    checks.add_adapter_grads(v, g[5], g[6], gb[5], gb[6], gr.v);
+    tb::Measure floor_time(c, /*track_memory=*/false);
+    reference::RoundingNoise noise(tb::precision(c));
+    const auto n = noise.qkv(x.ref, dq.ref, dk.ref, dv.ref, q.ref, k.ref, v.ref, drop.ref, yr, gr);
+    floor_time.finish("floor", result.metrics);
+
+    tb::Checks checks(c, id + "/layer0/self_attn/", options.keep_tensors, noise);
+    checks.add("q_proj", "output", {y[0], yb[0], yr.q, n.q}, c.shape(hidden));
+    checks.add("k_proj", "output", {y[1], yb[1], yr.k, n.k}, c.shape(kv_out));
+    checks.add("v_proj", "output", {y[2], yb[2], yr.v, n.v}, c.shape(kv_out));
+    checks.add("qkv_proj", "input.grad", {g.dx, gb.dx, gr.dx, n.dx}, c.shape(hidden));
+    checks.add_adapter_grads(q, g.adapters[0], gb.adapters[0], gr.q, n.gq);
+    checks.add_adapter_grads(k, g.adapters[1], gb.adapters[1], gr.k, n.gk);
+    checks.add_adapter_grads(v, g.adapters[2], gb.adapters[2], gr.v, n.gv);
     tb::keep_inputs(result, options, x, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}, {&q, &k, &v},
                     {{"dropout.x", &drop}});
     result.checks = checks.take();

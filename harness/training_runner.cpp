@@ -203,7 +203,8 @@ Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
 // appended to `snapshots`.
 Trajectory train_reference(reference::CausalLm& model, const std::vector<Batch>& batches,
                            const TrainingConfig& t, const tb::Config& c,
-                           AdapterSnapshots& snapshots) {
+                           AdapterSnapshots& snapshots, reference::RoundingNoise& noise,
+                           std::vector<reference::Matrix>& loss_variances) {
   std::vector<reference::Matrix*> params;
   for (auto& L : model.layers) {
     for (auto* p : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
@@ -224,6 +225,9 @@ Trajectory train_reference(reference::CausalLm& model, const std::vector<Batch>&
     }
     const auto& b = batches[step];
     const auto result = reference::causal_lm_backward(model, b.ref_tokens, b.ref_targets);
+    // The floor of this step's gated losses: a careful implementation's rounding noise on
+    // exactly these adapters and tokens.
+    loss_variances.push_back(noise.token_losses(model, b.ref_tokens, b.ref_targets));
     std::vector<const reference::Matrix*> grads;
     for (const auto& g : result.grads) {
       for (const auto* p : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down}) {
@@ -328,14 +332,18 @@ class TrainingRunner final : public CaseRunner {
 
     const auto impl_layers = [&](tb::Impl impl) {
       std::vector<DecoderLayer> layers;
-      for (const auto& L : stack) layers.push_back(ds::device_layer(c, dims, L, impl));
+      for (const auto& L : stack) {
+        layers.push_back(ds::device_layer(c, dims, L, impl, ref.shape.position_offset));
+      }
       return layers;
     };
     const auto prod_layers = impl_layers(tb::Impl::kProd);
     const auto base_layers = impl_layers(tb::Impl::kBase);
     tb::Measure ref_time(c, /*track_memory=*/false);
     AdapterSnapshots snapshots;
-    const auto reference = train_reference(ref, batches, t, c, snapshots);
+    reference::RoundingNoise noise(tb::precision(c));
+    std::vector<reference::Matrix> loss_variances;
+    const auto reference = train_reference(ref, batches, t, c, snapshots, noise, loss_variances);
     ref_time.finish("ref", result.metrics);
     tb::Measure prod_time(c);
     const auto prod = train(frozen, prod_layers, batches, snapshots, t, tb::Impl::kProd);
@@ -348,13 +356,19 @@ class TrainingRunner final : public CaseRunner {
     curve.prod = prod.mean_loss, curve.base = base.mean_loss, curve.ref = reference.mean_loss;
     curve.grad_norm_prod = prod.grad_norm, curve.grad_norm_base = base.grad_norm;
     curve.grad_norm_ref = reference.grad_norm;
+    tb::Checks losses(c, id + "/", options.keep_tensors, noise);
     for (int64_t step = 0; step < t.steps; ++step) {
-      auto check = compare_ratio(id + "/step" + std::to_string(step) + "/loss/token_loss",
-                                 prod.forced_losses[step], base.forced_losses[step],
-                                 reference.forced_losses[step], c.dtype, options.keep_tensors,
-                                 /*ratio=*/2.0, ErrorStatistic::kMeanAbs);
-      if (!check.passed && !curve.divergence_step) curve.divergence_step = step;
-      result.checks.push_back(std::move(check));
+      const reference::Matrix ref_losses =
+          bridge::to_matrix(reference.forced_losses[step].view({-1, 1}));
+      losses.add_as(
+          "step" + std::to_string(step) + "/loss/token_loss",
+          {prod.forced_losses[step], base.forced_losses[step], ref_losses, loss_variances[step]},
+          {c.tokens()}, Expected{at::kFloat, at::kCPU}, ErrorStatistic::kMeanAbs);
+    }
+    auto loss_checks = losses.take();  // one per step, in step order
+    for (int64_t step = 0; step < t.steps; ++step) {
+      if (!loss_checks[step].passed && !curve.divergence_step) curve.divergence_step = step;
+      result.checks.push_back(std::move(loss_checks[step]));
     }
     const auto prod_adapters = adapters(prod_layers), base_adapters = adapters(base_layers);
     for (size_t i = 0; i < stack.size(); ++i) {

@@ -36,7 +36,7 @@ Matrix rotate(const Matrix& x, const AttentionShape& s, int64_t heads, double si
   Matrix y(x.rows(), x.cols());
   const int64_t d = s.head_dim, half = d / 2;
   for_each_row(x.rows(), [&](int64_t row) {
-    const double position = static_cast<double>(row % s.seq);
+    const double position = static_cast<double>(row % s.seq + s.position_offset);
     for (int64_t i = 0; i < half; ++i) {
       const double angle = position * std::pow(s.rope_theta, -2.0 * i / d);
       const double c = std::cos(angle), sn = sign * std::sin(angle);

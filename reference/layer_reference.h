@@ -22,10 +22,12 @@ Matrix rmsnorm_backward(const Matrix& x, const Matrix& dy, const RmsNorm& norm);
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
   double rope_theta = 10000.0;
+  int64_t position_offset = 0;  // position of a sequence's first token
 };
 
 // Rotates each head's pairs (i, i + head_dim / 2) by position * theta^(-2i / head_dim);
-// the position of row b * seq + t is t. `heads` is the number of heads in x's columns.
+// the position of row b * seq + t is position_offset + t. `heads` is the number of heads in x's
+// columns.
 Matrix rope_forward(const Matrix& x, const AttentionShape& s, int64_t heads);
 // The transpose (inverse) rotation: dx from dy.
 Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads);

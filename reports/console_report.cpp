@@ -12,19 +12,21 @@ namespace {
 // One row per projection x tensor: the ratio rule's inputs and verdict.
 void print_ratio_table(std::ostream& out, const CaseResult& r) {
   char line[512];
-  std::snprintf(line, sizeof line, "      %-42s %10s %10s %6s %10s %10s %9s %10s  %s\n", "tensor",
-                "err(prod)", "err(base)", "ratio", "limit", "mean_abs", "rel_fro", "cosine",
+  std::snprintf(line, sizeof line, "      %-42s %10s %10s %10s %9s %10s %9s %10s  %s\n", "tensor",
+                "err(prod)", "err(base)", "floor", "err/limit", "mean_abs", "rel_fro", "cosine",
                 "status");
   out << line;
   for (const auto& c : r.checks) {
-    if (!c.gated_baseline_error()) continue;
+    if (!c.floor) continue;
     const std::string name =
         c.path.rfind(r.id + "/", 0) == 0 ? c.path.substr(r.id.size() + 1) : c.path;
-    const double base = *c.gated_baseline_error();
-    std::snprintf(
-        line, sizeof line, "      %-42s %10.3g %10.3g %6.2f %10.3g %10.3g %9.2g %10.7f  %s\n",
-        name.c_str(), c.gated_error(), base, base > 0 ? c.gated_error() / base : 0.0, c.limit,
-        c.mean_abs, c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
+    // err(base) is "-" where the baseline overflowed and prod was judged on the floor alone.
+    char base[16] = "-";
+    if (const auto b = c.gated_baseline_error()) std::snprintf(base, sizeof base, "%.3g", *b);
+    std::snprintf(line, sizeof line,
+                  "      %-42s %10.3g %10s %10.3g %9.3g %10.3g %9.2g %10.7f  %s\n", name.c_str(),
+                  c.gated_error(), base, *c.floor, c.error_to_limit.value_or(0), c.mean_abs,
+                  c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
     out << line;
   }
 }
@@ -58,13 +60,19 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
       std::count_if(r.checks.begin(), r.checks.end(), [](const Check& c) { return !c.passed; });
   char line[512];
   std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs\n",
-                passed ? "PASS" : "FAIL", r.id.c_str(), r.checks.size(), static_cast<long>(failed),
+                passed        ? "PASS"
+                : r.invalid() ? "INVALID"
+                              : "FAIL",
+                r.id.c_str(), r.checks.size(), static_cast<long>(failed),
                 format_number(worst).c_str(), r.seconds);
   out << line;
-  if (r.checks.empty()) out << "      no checks ran (a case without checks is a failure)\n";
-  const bool has_ratio_checks = std::any_of(r.checks.begin(), r.checks.end(), [](const Check& c) {
-    return c.baseline_max_abs.has_value();
-  });
+  if (r.invalid()) {
+    out << "      not judged (exit 2): " << r.input_error << '\n';
+  } else if (r.checks.empty()) {
+    out << "      no checks ran (a case without checks is a failure)\n";
+  }
+  const bool has_ratio_checks = std::any_of(r.checks.begin(), r.checks.end(),
+                                            [](const Check& c) { return c.floor.has_value(); });
   if (has_ratio_checks && !options.quiet) print_ratio_table(out, r);
   if (r.loss_curve) {
     if (!options.quiet) print_loss_curve(out, *r.loss_curve);
@@ -76,7 +84,7 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
         << '\n';
   }
   for (const auto& c : r.checks) {
-    if (c.passed) continue;
+    if (c.passed || (r.invalid() && c.failure == r.input_error)) continue;
     out << "      " << c.failure;
     if (!c.failure.empty() && c.failure.back() != '\n') out << '\n';
   }
@@ -87,11 +95,14 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
 }
 
 void print_summary(std::ostream& out, const RunReport& report) {
-  std::map<std::string, std::pair<int64_t, int64_t>> by_kind;  // kind -> (passed, failed)
+  struct Counts {
+    int64_t passed = 0, failed = 0, invalid = 0;
+  };
+  std::map<std::string, Counts> by_kind;
   int64_t checks = 0, failed_checks = 0;
   for (const auto& c : report.cases) {
     auto& counts = by_kind[c.kind];
-    (c.passed() ? counts.first : counts.second) += 1;
+    (c.passed() ? counts.passed : c.invalid() ? counts.invalid : counts.failed) += 1;
     for (const auto& check : c.checks) {
       ++checks;
       failed_checks += check.passed ? 0 : 1;
@@ -99,10 +110,14 @@ void print_summary(std::ostream& out, const RunReport& report) {
   }
   out << "\n";
   for (const auto& [kind, counts] : by_kind) {
-    out << "  " << kind << ": " << counts.first << " passed, " << counts.second << " failed\n";
+    out << "  " << kind << ": " << counts.passed << " passed, " << counts.failed << " failed";
+    if (counts.invalid) out << ", " << counts.invalid << " invalid";
+    out << "\n";
   }
   out << "  checks: " << checks - failed_checks << " passed, " << failed_checks << " failed\n";
-  out << report.passed() << " passed, " << report.failed() << " failed\n";
+  out << report.passed() << " passed, " << report.failed() << " failed";
+  if (report.invalid()) out << ", " << report.invalid() << " invalid (not judged: exit 2)";
+  out << "\n";
 }
 
 }  // namespace gradscope::report

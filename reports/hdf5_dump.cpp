@@ -156,7 +156,7 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
   const std::string root = "/" + c.id;
   w.group(root);
   w.attribute(root, "kind", c.kind);
-  w.attribute(root, "status", std::string(c.passed() ? "pass" : "fail"));
+  w.attribute(root, "status", std::string(c.status()));
   w.attribute(root, "case_toml", c.spec_toml);
   for (const auto& field : c.spec) {
     const std::string& name = field.first;
@@ -195,11 +195,13 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
     w.dataset(group, "prod", check.tensors->prod);
     if (check.tensors->base) w.dataset(group, "base", *check.tensors->base);
     w.dataset(group, "ref", check.tensors->ref);
-    w.attribute(group, "status", std::string(check.passed ? "pass" : "fail"));
+    if (check.tensors->floor) w.dataset(group, "floor", *check.tensors->floor);
+    w.attribute(group, "status", std::string(check.status()));
     w.attribute(group, "exact", static_cast<int64_t>(check.exact));
     w.attribute(group, "max_abs", check.max_abs);
     w.attribute(group, "mean_abs", check.mean_abs);
     w.attribute(group, "limit", check.limit);
+    if (check.floor) w.attribute(group, "floor", *check.floor);
     w.attribute(group, "mismatches", check.mismatches);
     if (check.baseline_max_abs) w.attribute(group, "baseline_max_abs", *check.baseline_max_abs);
     if (check.baseline_mean_abs) {

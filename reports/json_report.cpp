@@ -17,7 +17,7 @@ nlohmann::ordered_json spec_json(const SpecFields& spec) {
 
 nlohmann::ordered_json check_json(const Check& c) {
   nlohmann::ordered_json j = {{"path", c.path},
-                              {"status", c.passed ? "pass" : "fail"},
+                              {"status", c.status()},
                               {"exact", c.exact},
                               {"compared", c.compared},
                               {"numel", c.numel},
@@ -30,6 +30,11 @@ nlohmann::ordered_json check_json(const Check& c) {
                                             : c.gate_on_mean ? "mean_abs"
                                                              : "max_abs"},
                               {"limit", c.limit},
+                              {"floor", optional_number(c.floor)},
+                              {"error_to_limit", optional_number(c.error_to_limit)},
+                              {"floor_use", optional_number(c.floor_use)},
+                              {"baseline_floor_use", optional_number(c.baseline_floor_use)},
+                              {"note", c.note},
                               {"rel_fro", optional_number(c.rel_fro)},
                               {"cosine", optional_number(c.cosine)}};
   if (c.worst) {
@@ -90,17 +95,21 @@ nlohmann::ordered_json to_json(const RunReport& report) {
     for (const auto& check : c.checks) checks.push_back(check_json(check));
     cases.push_back({{"id", c.id},
                      {"kind", c.kind},
-                     {"status", c.passed() ? "pass" : "fail"},
+                     {"status", c.status()},
                      {"source", c.source},
                      {"spec", spec_json(c.spec)},
                      {"checks", checks},
                      {"metrics", metrics_json(c.metrics)},
                      {"loss_curve", loss_curve_json(c.loss_curve)},
+                     {"input_error", c.input_error.empty() ? nlohmann::ordered_json(nullptr)
+                                                           : nlohmann::ordered_json(c.input_error)},
                      {"replay", c.replay}});
   }
   j["cases"] = cases;
-  j["summary"] = {
-      {"total", report.cases.size()}, {"passed", report.passed()}, {"failed", report.failed()}};
+  j["summary"] = {{"total", report.cases.size()},
+                  {"passed", report.passed()},
+                  {"failed", report.failed()},
+                  {"invalid", report.invalid()}};
   return j;
 }
 

@@ -43,4 +43,10 @@ int64_t RunReport::passed() const {
   return n;
 }
 
+int64_t RunReport::invalid() const {
+  int64_t n = 0;
+  for (const auto& c : cases) n += c.invalid() ? 1 : 0;
+  return n;
+}
+
 }  // namespace gradscope::report

@@ -37,6 +37,7 @@ struct CheckTensors {
   TensorData prod;
   std::optional<TensorData> base;
   TensorData ref;
+  std::optional<TensorData> floor;  // the floor of each element (ratio checks)
 };
 
 // The element where prod is furthest from the reference.
@@ -52,6 +53,9 @@ struct WorstElement {
 struct Check {
   std::string path;  // <case id>/<layer>/<module>/<projection>/<tensor>
   bool passed = false;
+  // The output format cannot hold the exact result (or a careful implementation overflows
+  // with prod): the case is out of range, not a verdict on prod (docs/verification.md).
+  bool out_of_range = false;
   bool exact = false;    // bit-exact comparison, no tolerance
   std::string compared;  // what was compared with what, in words
   int64_t numel = 0;
@@ -63,7 +67,15 @@ struct Check {
   // The ratio rule's err(): the max |x - ref| (default) or, where the per-element errors
   // are heavy-tailed, the mean.
   bool gate_on_mean = false;
-  double limit = 0;               // the largest max_abs that passes
+  // The limit at the worst element: ratio x err(base) + floor there (the largest error that
+  // element may have; with the mean statistic, the largest mean error that passes).
+  double limit = 0;
+  std::optional<double> floor;           // the floor term of `limit` (ratio checks)
+  std::optional<double> error_to_limit;  // max over elements of |prod - ref| / limit (<= 1 passes)
+  // max over elements of |x - ref| / floor: how much of a careful implementation's rounding
+  // allowance prod and the baseline use (reported even when passing, so drift shows early).
+  std::optional<double> floor_use, baseline_floor_use;
+  std::string note;               // e.g. "base overflowed: prod judged on the floor alone"
   std::optional<double> rel_fro;  // ||prod - ref|| / ||ref||
   std::optional<double> cosine;   // <prod, ref> / (||prod|| ||ref||)
   std::optional<WorstElement> worst;
@@ -75,6 +87,7 @@ struct Check {
   std::vector<int64_t> error_histogram;
 
   double gated_error() const { return gate_on_mean ? mean_abs : max_abs; }
+  const char* status() const { return passed ? "pass" : out_of_range ? "out_of_range" : "fail"; }
   std::optional<double> gated_baseline_error() const {
     return gate_on_mean ? baseline_mean_abs : baseline_max_abs;
   }
@@ -105,13 +118,19 @@ struct CaseResult {
   std::vector<std::pair<std::string, double>> metrics;
   std::optional<LossCurve> loss_curve;  // training cases
   double seconds = 0;
+  // Set when the case could not be judged because of its input (a field, a file, or a
+  // result its formats cannot hold): the run exits 2, not 1.
+  std::string input_error;
 
   bool passed() const {
+    if (!input_error.empty()) return false;
     for (const auto& c : checks) {
       if (!c.passed) return false;
     }
     return !checks.empty();
   }
+  bool invalid() const { return !input_error.empty(); }
+  const char* status() const { return passed() ? "pass" : invalid() ? "invalid" : "fail"; }
 };
 
 struct Environment {
@@ -130,7 +149,9 @@ struct RunReport {
   std::vector<CaseResult> cases;
 
   int64_t passed() const;
-  int64_t failed() const { return static_cast<int64_t>(cases.size()) - passed(); }
+  int64_t invalid() const;
+  // Cases whose checks failed (kernel verdicts); invalid cases are counted apart.
+  int64_t failed() const { return static_cast<int64_t>(cases.size()) - passed() - invalid(); }
 };
 
 }  // namespace gradscope::report

@@ -70,40 +70,78 @@ TEST(ExpectRejection, FailsWhenTheOperationProceeded) {
 namespace gradscope {
 namespace {
 
-TEST(CompareRatio, PassesWithinTwiceTheBaselineErrorPlusFloor) {
-  const auto ref = at::linspace(-3, 3, 100, at::kDouble);  // max |ref| = 3: ulp(3) in bf16 = 2^-6
-  const auto base = ref + 0.1;
-  const auto ok = compare_ratio("c/t", ref + 0.2, base, ref, at::kBFloat16);
-  EXPECT_TRUE(ok.passed) << ok.failure;
-  EXPECT_NEAR(*ok.baseline_max_abs, 0.1, 1e-12);
-  EXPECT_NEAR(ok.limit, 2 * 0.1 + 2 * 0x1.0p-6, 1e-12);
-  const auto bad = compare_ratio("c/t", ref + 0.25, base, ref, at::kBFloat16);
-  EXPECT_FALSE(bad.passed);
-  EXPECT_NE(bad.failure.find("c/t: err(prod) 0.25"), std::string::npos) << bad.failure;
-  EXPECT_NE(bad.failure.find("2 x err(base) 0.1"), std::string::npos) << bad.failure;
+// A ratio comparison of fp32 tensors on the CPU with a uniform noise sigma.
+RatioInputs ratio_inputs(const std::string& path, const at::Tensor& prod, const at::Tensor& base,
+                         const at::Tensor& ref, double sigma) {
+  RatioInputs in;
+  in.path = path;
+  in.prod = prod;
+  in.base = base;
+  in.ref = ref;
+  in.sigma = at::full_like(ref, sigma);
+  in.expected = {prod.scalar_type(), at::kCPU};
+  in.format = "fp32";
+  in.format_max = 3.4028234663852886e38;
+  return in;
 }
 
-TEST(CompareRatio, FloorCoversAnExactBaselineButOnlyByTwoUlp) {
-  const auto ref = at::full({10}, 1.5, at::kDouble);  // ulp(1.5) in fp16 = 2^-10
-  EXPECT_TRUE(compare_ratio("p", ref + 0x1.0p-10, ref, ref, at::kHalf).passed);
-  EXPECT_FALSE(compare_ratio("p", ref + 0x1.8p-9, ref, ref, at::kHalf).passed);
+TEST(CompareRatio, PassesWithinTwiceTheBaselineErrorPlusFloor) {
+  const auto ref = at::linspace(-3, 3, 100, at::kDouble);
+  const auto base = ref + 0.1;
+  // floor = 6 sigma = 0.06: limit 2 x 0.1 + 0.06 = 0.26 at every element.
+  const auto ok = compare_ratio(ratio_inputs("c/t", ref + 0.25, base, ref, 0.01));
+  EXPECT_TRUE(ok.passed) << ok.failure;
+  EXPECT_NEAR(*ok.baseline_max_abs, 0.1, 1e-12);
+  EXPECT_NEAR(ok.limit, 0.26, 1e-12);
+  EXPECT_NEAR(*ok.floor, 0.06, 1e-12);
+  const auto bad = compare_ratio(ratio_inputs("c/t", ref + 0.27, base, ref, 0.01));
+  EXPECT_FALSE(bad.passed);
+  EXPECT_NE(bad.failure.find("c/t: |prod - ref| 0.27"), std::string::npos) << bad.failure;
+  EXPECT_NE(bad.failure.find("2 x err(base) 0.1 + floor 0.06"), std::string::npos) << bad.failure;
+  EXPECT_NE(bad.failure.find("the base term set the limit"), std::string::npos) << bad.failure;
+  EXPECT_NE(bad.failure.find("Elements over their limit: 100 / 100"), std::string::npos)
+      << bad.failure;
+}
+
+TEST(CompareRatio, TheFloorIsPerElement) {
+  // An exact baseline leaves the floor alone: element 0 may be off by 6 x 0.5, element 1 by
+  // 6 x 0.001 only.
+  const auto ref = at::ones({2}, at::kDouble);
+  auto in = ratio_inputs("p", ref + at::tensor({2.9, 0.0}, at::kDouble), ref, ref, 0);
+  in.sigma = at::tensor({0.5, 0.001}, at::kDouble);
+  EXPECT_TRUE(compare_ratio(in).passed);
+  in.prod = ref + at::tensor({0.0, 0.007}, at::kDouble);
+  const auto c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1}));  // the element nearest past its limit
+  EXPECT_NEAR(*c.error_to_limit, 0.007 / 0.006, 1e-9);
+  EXPECT_NE(c.failure.find("the floor set the limit"), std::string::npos) << c.failure;
+}
+
+TEST(CompareRatio, ReportsHowMuchOfTheFloorEachImplementationUses) {
+  const auto ref = at::ones({4}, at::kDouble);
+  const auto c = compare_ratio(ratio_inputs("p", ref + 0.03, ref + 0.06, ref, 0.01));
+  EXPECT_TRUE(c.passed);
+  EXPECT_NEAR(*c.floor_use, 0.5, 1e-9);
+  EXPECT_NEAR(*c.baseline_floor_use, 1.0, 1e-9);
 }
 
 TEST(CompareRatio, ZeroGradientsAreFailures) {
   const auto ref = at::ones({4}, at::kDouble);
-  const auto zero = compare_ratio("p/lora_A.grad", at::zeros({4}), at::zeros({4}), ref, at::kFloat);
+  const auto zero =
+      compare_ratio(ratio_inputs("p/lora_A.grad", at::zeros({4}), at::zeros({4}), ref, 1e-3));
   EXPECT_FALSE(zero.passed);
   EXPECT_NE(zero.failure.find("prod is all zero"), std::string::npos) << zero.failure;
-  EXPECT_FALSE(
-      compare_ratio("p", at::zeros({4}), at::zeros({4}), at::zeros({4}, at::kDouble), at::kFloat)
-          .passed);
+  EXPECT_FALSE(compare_ratio(ratio_inputs("p", at::zeros({4}), at::zeros({4}),
+                                          at::zeros({4}, at::kDouble), 1e-3))
+                   .passed);
 }
 
 TEST(CompareRatio, ReportsWorstElementAndMismatchesUnderDefaultTolerances) {
   const auto ref = at::ones({2, 3}, at::kDouble);
   auto prod = ref.to(at::kFloat).clone();
   prod[1][2] = 1.5;
-  const auto c = compare_ratio("p", prod, ref, ref, at::kFloat);
+  const auto c = compare_ratio(ratio_inputs("p", prod, ref, ref, 1e-7));
   EXPECT_FALSE(c.passed);
   EXPECT_EQ(c.mismatches, 1);
   EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1, 2}));
@@ -116,24 +154,101 @@ TEST(CompareRatio, NonFiniteProdFailsWithCountAndFirstIndex) {
   auto prod = ref.to(at::kFloat).clone();
   prod[1][2] = std::numeric_limits<float>::quiet_NaN();
   prod[0][1] = std::numeric_limits<float>::infinity();
-  const auto c = compare_ratio("case/p/lora_A.grad", prod, ref, ref, at::kFloat);
+  const auto c = compare_ratio(ratio_inputs("case/p/lora_A.grad", prod, ref, ref, 1e-7));
   EXPECT_FALSE(c.passed);
+  EXPECT_FALSE(c.out_of_range);
   EXPECT_EQ(c.mismatches, 2);
-  EXPECT_TRUE(std::isnan(c.max_abs));
+  EXPECT_TRUE(std::isinf(c.max_abs));
   EXPECT_EQ(c.worst->index, (std::vector<int64_t>{0, 1}));
   EXPECT_NE(c.failure.find("case/p/lora_A.grad: prod has 2 non-finite elements (NaN or Inf) of "
                            "6; first at index (0, 1): prod inf, base 1, ref 1"),
             std::string::npos)
       << c.failure;
+  EXPECT_NE(c.failure.find("the exact result is finite and within fp32 range"), std::string::npos)
+      << c.failure;
 }
 
-TEST(CompareRatio, NonFiniteReferenceIsNotAVerdictOnProd) {
-  auto ref = at::ones({4}, at::kDouble);
-  ref[3] = std::numeric_limits<double>::infinity();
-  const auto c = compare_ratio("p", at::ones({4}), at::ones({4}), ref, at::kFloat);
+TEST(CompareRatio, AnOverflowTheCarefulModelSharesIsOutOfRange) {
+  const auto ref = at::ones({3}, at::kDouble);
+  auto in = ratio_inputs("p", at::full({3}, INFINITY), at::full({3}, INFINITY), ref, 1e-3);
+  in.format = "fp16";
+  in.model_overflow = "its mlp/h reaches 7.1e+04 > fp16 max 65504";
+  const auto c = compare_ratio(in);
   EXPECT_FALSE(c.passed);
-  EXPECT_NE(c.failure.find("p: ref has 1 non-finite element"), std::string::npos) << c.failure;
-  EXPECT_NE(c.failure.find("not a verdict on prod"), std::string::npos) << c.failure;
+  EXPECT_TRUE(c.out_of_range);
+  EXPECT_NE(c.failure.find("a careful implementation overflows too (its mlp/h reaches"),
+            std::string::npos)
+      << c.failure;
+}
+
+TEST(CompareRatio, AReferenceBeyondTheFormatIsOutOfRange) {
+  const auto ref = at::tensor({1.0, -70000.0}, at::kDouble);
+  auto in = ratio_inputs("p/output", at::full({2}, INFINITY), ref, ref, 1e-3);
+  in.format = "fp16";
+  in.format_max = 65504;
+  const auto c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_TRUE(c.out_of_range);
+  EXPECT_NE(c.failure.find("p/output: out of range for fp16: the exact value reaches |ref| = "
+                           "70000 at index (1), beyond fp16's largest finite value 65504"),
+            std::string::npos)
+      << c.failure;
+  // Just inside the format (rounds to 65504) is in range.
+  in.ref = at::tensor({1.0, -65510.0}, at::kDouble);
+  in.prod = at::tensor({1.0, -65504.0}, at::kDouble);
+  in.base = in.prod;
+  in.sigma = at::full({2}, 10.0, at::kDouble);
+  EXPECT_FALSE(compare_ratio(in).out_of_range);
+}
+
+TEST(CompareRatio, AnOverflowingBaselineLeavesProdToTheFloorAlone) {
+  const auto ref = at::ones({4}, at::kDouble);
+  auto base = at::ones({4}, at::kDouble);
+  base[2] = INFINITY;
+  const auto ok = compare_ratio(ratio_inputs("p", ref + 0.05, base, ref, 0.01));
+  EXPECT_TRUE(ok.passed) << ok.failure;
+  EXPECT_FALSE(ok.baseline_max_abs.has_value());
+  EXPECT_NE(ok.note.find("base has 1 non-finite elements"), std::string::npos) << ok.note;
+  const auto bad = compare_ratio(ratio_inputs("p", ref + 0.07, base, ref, 0.01));
+  EXPECT_FALSE(bad.passed);
+  EXPECT_NE(bad.failure.find("prod is judged against the floor alone"), std::string::npos)
+      << bad.failure;
+}
+
+TEST(CompareRatio, AWrongDtypeOrDeviceFailsBeforeAnyValue) {
+  const auto ref = at::ones({4}, at::kDouble);
+  auto in = ratio_inputs("p/output", at::ones({4}, at::kFloat), ref, ref, 1.0);
+  in.expected = {at::kBFloat16, at::kCPU};
+  auto c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("p/output: the values for attribute 'dtype' do not match: prod is "
+                           "fp32, expected bf16"),
+            std::string::npos)
+      << c.failure;
+  in.expected = {at::kFloat, at::Device(at::kCUDA, 0)};
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("attribute 'device' do not match: prod is on cpu, expected cuda:0"),
+            std::string::npos)
+      << c.failure;
+  in.expected = {at::kFloat, at::kCPU};
+  in.prod = at::ones({2, 2});
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("attribute 'shape' do not match"), std::string::npos) << c.failure;
+}
+
+TEST(CompareExact, AWrongDtypeFailsEvenWhenCloserToTheReference) {
+  // A dequant that returns fp32 for a bf16 case is closer to the reference and still wrong.
+  const auto ref = at::tensor({1.0 / 3, 2.0 / 3}, at::kDouble);
+  const auto c = compare_exact("w", "x", ref.to(at::kFloat), ref, {}, false,
+                               Expected{at::kBFloat16, at::kCPU});
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("'dtype' do not match: prod is fp32, expected bf16"), std::string::npos)
+      << c.failure;
+  EXPECT_TRUE(compare_exact("w", "x", ref.to(at::kBFloat16), ref, {}, false,
+                            Expected{at::kBFloat16, at::kCPU})
+                  .passed);
 }
 
 }  // namespace

@@ -42,12 +42,12 @@ RunReport sample_report(double prod_offset = 0) {
   grad.max_abs = 0.5;
   grad.baseline_max_abs = 0.25;
   grad.tensors = CheckTensors{tensor("fp32", {2, 8}, prod_offset), tensor("fp32", {2, 8}, 0),
-                              tensor("fp64", {2, 8}, 0)};
+                              tensor("fp64", {2, 8}, 0), tensor("fp64", {2, 8}, 1)};
   Check out;
   out.path = c.id + "/layer0/mlp/down_proj/output";
   out.passed = true;
-  out.tensors =
-      CheckTensors{tensor("bf16", {4, 8}, 1), tensor("bf16", {4, 8}, 1), tensor("fp64", {4, 8}, 1)};
+  out.tensors = CheckTensors{tensor("bf16", {4, 8}, 1), tensor("bf16", {4, 8}, 1),
+                             tensor("fp64", {4, 8}, 1), std::nullopt};
   c.checks = {grad, out};
   r.cases.push_back(c);
   return r;
@@ -84,6 +84,7 @@ TEST(Hdf5Dump, TheHdf5CApiReadsBackEveryTensor) {
     read("/" + check.path + "/prod", check.tensors->prod);
     read("/" + check.path + "/base", *check.tensors->base);
     read("/" + check.path + "/ref", check.tensors->ref);
+    if (check.tensors->floor) read("/" + check.path + "/floor", *check.tensors->floor);
   }
   H5Fclose(file);
 
@@ -91,7 +92,7 @@ TEST(Hdf5Dump, TheHdf5CApiReadsBackEveryTensor) {
   EXPECT_EQ(dump.attributes.at("format"), kDumpFormat);
   EXPECT_EQ(dump.attributes.at("commit"), "abc123");
   EXPECT_EQ(dump.cases, std::vector<std::string>{c.id});
-  EXPECT_EQ(dump.datasets.size(), 7u);
+  EXPECT_EQ(dump.datasets.size(), 8u);  // two checks' prod, base, ref, one floor, one input
   EXPECT_EQ(dump.group_attributes.at("/" + c.id).at("case_toml"), c.spec_toml);
   EXPECT_EQ(dump.group_attributes.at("/" + c.checks[0].path).at("baseline_max_abs"), "0.25");
 }
@@ -146,7 +147,7 @@ TEST(DumpTools, DiffOfADumpWithItselfFindsNothing) {
   const auto dump = read_dump(dir.path("a.h5"));
   const auto r = diff_dumps(out, dump, "a", dump, "a", {});
   EXPECT_EQ(r.differing, 0);
-  EXPECT_EQ(r.tensors, 7);
+  EXPECT_EQ(r.tensors, 8);
 }
 
 TEST(DumpTools, DiffNamesTheTensorsThatDiffer) {

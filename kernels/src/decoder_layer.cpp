@@ -4,16 +4,21 @@
 
 #include <cmath>
 
+#include "gradscope/faults.h"
+
 namespace gradscope {
 namespace {
 
-// cos and sin [seq, head_dim] of the rotate-half convention, in fp32 then x's dtype.
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq, int64_t head_dim, double theta,
-                                              const at::Tensor& like) {
+// cos and sin [seq, head_dim] of the rotate-half convention for positions first ..
+// first + seq - 1, in fp32 then x's dtype (positions above 256 are not integers in bf16).
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t first, int64_t seq, int64_t head_dim,
+                                              double theta, const at::Tensor& like) {
+  const auto table = like.options().dtype(
+      fault_active(Fault::kRopeTableInActivationDtype) ? like.scalar_type() : at::kFloat);
   const auto f32 = like.options().dtype(at::kFloat);
   const auto inv_freq =
       at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim)).reciprocal();
-  const auto angles = at::outer(at::arange(seq, f32), inv_freq);
+  const auto angles = at::outer(at::arange(first, first + seq, table), inv_freq.to(table));
   const auto both = at::cat({angles, angles}, -1);
   return {both.cos().to(like.scalar_type()), both.sin().to(like.scalar_type())};
 }
@@ -29,7 +34,11 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto x32 = x.to(at::kFloat);
-  const auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  // The fault squares and averages in x's own dtype: fp16 x^2 overflows at |x| >= 256.
+  const auto variance = fault_active(Fault::kRmsNormVarianceInActivationDtype)
+                            ? x.pow(2).mean(-1, /*keepdim=*/true).to(at::kFloat)
+                            : x32.pow(2).mean(-1, /*keepdim=*/true);
+  const auto normed = x32 * at::rsqrt(variance + eps);
   return weight * normed.to(x.scalar_type());
 }
 
@@ -46,7 +55,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   const auto heads = [&](const at::Tensor& t, int64_t n) {
     return t.view({batch, seq, n, head_dim}).transpose(1, 2);
   };
-  const auto [cos, sin] = rope_tables(seq, head_dim, l.rope_theta, x);
+  const auto [cos, sin] = rope_tables(l.position_offset, seq, head_dim, l.rope_theta, x);
   const auto q = apply_rope(heads(qkv[0], l.heads), cos, sin);
   const auto k = apply_rope(heads(qkv[1], l.kv_heads), cos, sin);
   const auto v = heads(qkv[2], l.kv_heads);

@@ -24,9 +24,11 @@ at::Tensor dequantize_gptq(const GptqWeight& weight, at::ScalarType out_dtype,
       active_fault() < Fault::kFirstLoraFault && active_fault() != Fault::kFloatViewCast
           ? static_cast<int>(active_fault())
           : 0};
-  if (in.qweight.is_cuda()) return detail::dequantize_gptq_cuda(in, out_dtype, layout);
+  // The fault decodes into fp32 and hands that back whatever dtype was asked for.
+  const auto dtype = fault_active(Fault::kDequantOutputFloat32) ? at::kFloat : out_dtype;
+  if (in.qweight.is_cuda()) return detail::dequantize_gptq_cuda(in, dtype, layout);
   TORCH_CHECK(in.qweight.is_cpu(), "gptq dequant: unsupported device ", in.qweight.device());
-  return detail::dequantize_gptq_cpu(in, out_dtype, layout);
+  return detail::dequantize_gptq_cpu(in, dtype, layout);
 }
 
 }  // namespace gradscope

@@ -57,6 +57,32 @@ const std::vector<FaultInfo>& fault_catalogue() {
       {Fault::kLoraBOverwrittenByGrad, "lora-B-overwritten-by-grad",
        "lora backward, dB written through lora_B's storage",
        "lora_B itself (its gradient stays right): the next step starts from dB", "lora_B"},
+      {Fault::kRopeTableInActivationDtype, "rope-table-in-activation-dtype",
+       "decoder layer, RoPE tables",
+       "positions and angles rounded to x's dtype: wrong rotations at long positions (bf16 holds "
+       "integers only up to 256)",
+       "hidden/output"},
+      {Fault::kRmsNormVarianceInActivationDtype, "rmsnorm-variance-in-activation-dtype",
+       "decoder layer, RMSNorm statistics",
+       "mean(x^2) in x's dtype: fp16 overflows for |x| >= 256 and zeroes the token",
+       "hidden/output"},
+      {Fault::kSwigluSigmoidOverflow, "swiglu-sigmoid-overflow",
+       "SwiGLU forward and backward (CPU loop, CUDA kernel)",
+       "sigmoid as exp(e) / (1 + exp(e)): NaN once exp(e) overflows (gate values above 88)",
+       "down_proj/output"},
+      {Fault::kAdapterPathInActivationDtype, "adapter-path-in-activation-dtype",
+       "lora forward and backward, adapter path",
+       "fp32 adapters' products rounded to fp16/bf16: adapter gradients overflow beyond the "
+       "activation range",
+       "lora_A.grad"},
+      {Fault::kLoraScalingIgnoresRslora, "lora-scaling-ignores-rslora", "lora_scaling()",
+       "rsLoRA cases: scaling alpha / r instead of alpha / sqrt(r)", "/output"},
+      {Fault::kDequantOutputFloat32, "dequant-output-float32", "dequantize_gptq, output dtype",
+       "fp16/bf16 dequant cases: fp32 weights returned (closer to the reference, wrong dtype)",
+       "/gptq/weight"},
+      {Fault::kLoraOutputFloat32, "lora-output-float32", "fused LoRA ops, output dtype",
+       "fp16/bf16 cases: outputs handed back in fp32 (closer to the reference, wrong dtype)",
+       "/output"},
   };
   return catalogue;
 }

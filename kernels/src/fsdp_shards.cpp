@@ -186,13 +186,17 @@ std::vector<at::Tensor> ShardedParameters::reduce_scatter(
   }
   std::vector<at::Tensor> out;
   for (auto& in : inputs) {
-    auto sizes = in.sizes().vec();
+    // fp16/bf16 gradients are summed in fp32 (FSDP's reduce_dtype = fp32): a sum of the ranks'
+    // partial gradients can leave fp16's range where the total does not.
+    const auto dtype = in.scalar_type();
+    at::Tensor wire = at::isReducedFloatingType(dtype) ? in.to(at::kFloat) : in;
+    auto sizes = wire.sizes().vec();
     sizes[0] /= world;
-    auto shard = at::empty(sizes, in.options());
+    auto shard = at::empty(sizes, wire.options());
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    backend_->_reduce_scatter_base(shard, in, opts)->wait();
-    out.push_back(shard);
+    backend_->_reduce_scatter_base(shard, wire, opts)->wait();
+    out.push_back(shard.to(dtype));
   }
   return out;
 }

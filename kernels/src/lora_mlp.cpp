@@ -19,12 +19,10 @@ struct LoraMlpFunction : torch::autograd::Function<LoraMlpFunction> {
                             const std::vector<detail::FrozenProjection>& frozen,
                             const LoraDropout& dropout_x, const LoraDropout& dropout_h) {
     const auto x2 = detail::rows(x);
-    const auto xd = detail::dropped(x2, dropout_x);
-    const auto gate = detail::projection_forward(x2, xd, frozen[0], a_gate, b_gate);
-    const auto up = detail::projection_forward(x2, xd, frozen[1], a_up, b_up);
+    const auto gate = detail::projection_forward(x2, dropout_x, frozen[0], a_gate, b_gate);
+    const auto up = detail::projection_forward(x2, dropout_x, frozen[1], a_up, b_up);
     const auto h = swiglu_forward(gate.y, up.y);
-    const auto down =
-        detail::projection_forward(h, detail::dropped(h, dropout_h), frozen[2], a_down, b_down);
+    const auto down = detail::projection_forward(h, dropout_h, frozen[2], a_down, b_down);
     ctx->save_for_backward(
         {x, a_gate, b_gate, a_up, b_up, a_down, b_down, gate.y, up.y, gate.xa, up.xa, down.xa});
     detail::save_frozen(ctx, "gate", frozen[0]);
@@ -34,7 +32,7 @@ struct LoraMlpFunction : torch::autograd::Function<LoraMlpFunction> {
     detail::save_dropout(ctx, "h", dropout_h);
     auto shape = x.sizes().vec();
     shape.back() = down.y.size(1);
-    return down.y.view(shape);
+    return detail::as_output(down.y.view(shape));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -46,17 +44,16 @@ struct LoraMlpFunction : torch::autograd::Function<LoraMlpFunction> {
     const auto dropout_h = detail::load_dropout(ctx, "h");
     const auto dy2 = detail::rows(grad_outputs[0]).to(x.scalar_type());
     const auto h = swiglu_forward(e, g);  // recomputed: cheaper than keeping it
-    auto down = detail::projection_backward(dy2, h, detail::dropped(h, dropout_h), s[11],
-                                            detail::load_frozen(ctx, "down"), s[5], s[6], dropout_h,
+    auto down = detail::projection_backward(dy2, h, dropout_h, s[11],
+                                            detail::load_frozen(ctx, "down"), s[5], s[6],
                                             /*need_dx=*/true);
     const auto [de, dg] = swiglu_backward(down.dx, e, g);
     const auto x2 = detail::rows(x);
-    const auto xd = detail::dropped(x2, dropout_x);
     const bool need_dx = ctx->needs_input_grad(0);
-    auto up = detail::projection_backward(dg, x2, xd, s[10], detail::load_frozen(ctx, "up"), s[3],
-                                          s[4], dropout_x, need_dx);
-    auto gate = detail::projection_backward(de, x2, xd, s[9], detail::load_frozen(ctx, "gate"),
-                                            s[1], s[2], dropout_x, need_dx);
+    auto up = detail::projection_backward(dg, x2, dropout_x, s[10], detail::load_frozen(ctx, "up"),
+                                          s[3], s[4], need_dx);
+    auto gate = detail::projection_backward(de, x2, dropout_x, s[9],
+                                            detail::load_frozen(ctx, "gate"), s[1], s[2], need_dx);
     at::Tensor dx = need_dx ? up.dx.add_(gate.dx).view(x.sizes()) : at::Tensor();
     return {dx,      gate.dA, gate.dB,      up.dA,        up.dB,
             down.dA, down.dB, at::Tensor(), at::Tensor(), at::Tensor()};

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gradscope/dequant.h"
@@ -11,7 +12,8 @@ namespace gradscope {
 
 double lora_scaling(double alpha, int64_t rank, bool rslora) {
   TORCH_CHECK(rank > 0, "lora: rank must be positive, got ", rank);
-  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+  const bool root = rslora && !fault_active(Fault::kLoraScalingIgnoresRslora);
+  return root ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
 }
 
 namespace detail {
@@ -102,70 +104,123 @@ void validate_dropout(const char* op, const char* name, const at::Tensor& x, con
               d.mask.device(), " but its input is on ", x.device());
 }
 
+at::Tensor as_output(const at::Tensor& y) {
+  return fault_active(Fault::kLoraOutputFloat32) ? y.to(at::kFloat) : y;
+}
+
 at::Tensor rows(const at::Tensor& x) {
   return x.reshape({-1, x.size(-1)});
 }
 
-at::Tensor dropped(const at::Tensor& x2, const LoraDropout& d) {
-  if (d.p == 0) return x2;
-  return x2 * d.mask.reshape(x2.sizes()).to(x2.scalar_type()) * (1.0 / (1.0 - d.p));
+at::ScalarType adapter_dtype(at::ScalarType x, at::ScalarType adapters) {
+  if (x == adapters || fault_active(Fault::kAdapterPathInActivationDtype)) return x;
+  return at::promote_types(x, adapters);
 }
 
-ProjectionOutput projection_forward(const at::Tensor& x2, const at::Tensor& xd,
+namespace {
+
+// Tokens per block of the adapter path when it runs wider than x: its casts of x and dY stay
+// bounded (a block of [2048, 28672] fp32 is 235 MB) whatever the number of tokens.
+constexpr int64_t kAdapterRows = 2048;
+
+// X_d = X * mask / (1 - p) for the rows [begin, begin + n) of x2, in `dtype`.
+at::Tensor dropped_rows(const at::Tensor& x2, const LoraDropout& d, int64_t begin, int64_t n,
+                        at::ScalarType dtype) {
+  const auto x = x2.narrow(0, begin, n).to(dtype);
+  if (d.p == 0) return x;
+  const auto mask = d.mask.reshape(x2.sizes()).narrow(0, begin, n);
+  return x * mask.to(dtype) * (1.0 / (1.0 - d.p));
+}
+
+}  // namespace
+
+ProjectionOutput projection_forward(const at::Tensor& x2, const LoraDropout& dropout,
                                     const FrozenProjection& f, const at::Tensor& lora_a,
                                     const at::Tensor& lora_b) {
   const auto dtype = x2.scalar_type();
+  const auto ad = adapter_dtype(dtype, lora_a.scalar_type());
+  const int64_t m = x2.size(0);
   at::Tensor y;
   {
     const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);  // [in, out]
     y = f.bias.defined() ? at::addmm(f.bias.to(dtype), x2, w_t) : at::mm(x2, w_t);
   }
-  auto xa = at::mm(xd, lora_a.to(dtype).t());
-  // The scaling rides in the GEMM epilogue: one rounding for the adapter term.
-  y.addmm_(xa, lora_b.to(dtype).t(), /*beta=*/1, /*alpha=*/f.scaling);
+  const auto a_t = lora_a.to(ad).t(), b_t = lora_b.to(ad).t();
+  if (ad == dtype) {
+    const auto xa = at::mm(dropped_rows(x2, dropout, 0, m, dtype), a_t);
+    // The scaling rides in the GEMM epilogue: one rounding for the adapter term.
+    y.addmm_(xa, b_t, /*beta=*/1, /*alpha=*/f.scaling);
+    return {y, xa};
+  }
+  auto xa = at::empty({m, lora_a.size(0)}, x2.options().dtype(ad));
+  for (int64_t begin = 0; begin < m; begin += kAdapterRows) {
+    const int64_t n = std::min(kAdapterRows, m - begin);
+    auto xa_rows = xa.narrow(0, begin, n);
+    at::mm_out(xa_rows, dropped_rows(x2, dropout, begin, n, ad), a_t);
+    y.narrow(0, begin, n)
+        .add_(at::addmm(at::empty({n, b_t.size(1)}, xa.options()), xa_rows, b_t, /*beta=*/0,
+                        /*alpha=*/f.scaling)
+                  .to(dtype));
+  }
   return {y, xa};
 }
 
 ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
-                                    const at::Tensor& xd, const at::Tensor& xa,
+                                    const LoraDropout& dropout, const at::Tensor& xa,
                                     const FrozenProjection& f, const at::Tensor& lora_a,
-                                    const at::Tensor& lora_b, const LoraDropout& dropout,
-                                    bool need_dx) {
+                                    const at::Tensor& lora_b, bool need_dx) {
   const auto dtype = dy2.scalar_type();
-  const auto a = lora_a.to(dtype), b = lora_b.to(dtype);
-  const auto dyb = at::mm(dy2, b);  // [M, r]
+  const auto ad = adapter_dtype(dtype, lora_a.scalar_type());
+  const int64_t m = dy2.size(0), r = lora_a.size(0), in = lora_a.size(1), out = lora_b.size(0);
+  const auto a = lora_a.to(ad), b = lora_b.to(ad);
+  const bool rescale = !fault_active(Fault::kDropoutRescaleMissing);
+  const double dx_factor = f.scaling / (dropout.p > 0 && rescale ? 1.0 - dropout.p : 1.0);
+  const bool adapter_term = !fault_active(Fault::kDxMissingAdapterTerm);
+  const double da_scale = fault_active(Fault::kLoraScaleMissingInDA) ? 1.0 : f.scaling;
   ProjectionGrads g;
   if (need_dx) {
-    {
-      const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);
-      g.dx = at::mm(dy2, w_t.t());
-    }
-    const bool rescale = !fault_active(Fault::kDropoutRescaleMissing);
-    const double factor = f.scaling / (dropout.p > 0 && rescale ? 1.0 - dropout.p : 1.0);
-    const bool adapter_term = !fault_active(Fault::kDxMissingAdapterTerm);
-    if (adapter_term && dropout.p > 0) {
-      // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
-      g.dx.addcmul_(at::mm(dyb, a), dropout.mask.reshape(g.dx.sizes()).to(dtype), factor);
-    } else if (adapter_term) {
-      g.dx.addmm_(dyb, a, /*beta=*/1, /*alpha=*/factor);
-    }
+    const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);
+    g.dx = at::mm(dy2, w_t.t());
   }
-  const double da_scale = fault_active(Fault::kLoraScaleMissingInDA) ? 1.0 : f.scaling;
-  const auto& da_input = fault_active(Fault::kDAFromUndroppedX) ? x2 : xd;
-  if (fault_active(Fault::kHalfPrecisionAccumulation)) {
-    // Token by token, every partial sum rounded to the activation dtype.
-    auto acc = at::zeros({dyb.size(1), xd.size(1)}, dyb.options());
-    for (int64_t t = 0; t < dyb.size(0); ++t) acc.addr_(dyb[t], da_input[t], 1, da_scale);
-    g.dA = acc.to(lora_a.scalar_type());
-  } else {
-    // beta = 0: the first operand is ignored; alpha scales inside the GEMM.
-    g.dA = at::addmm(at::empty({dyb.size(1), xd.size(1)}, dyb.options()), dyb.t(), da_input,
-                     /*beta=*/0, /*alpha=*/da_scale)
-               .to(lora_a.scalar_type());
+  // Per block of tokens: dY B, the adapter's share of dX, and the block's sums into dA, dB
+  // (in the adapter path's dtype; a single block when it is x's own).
+  const int64_t block = ad == dtype ? std::max<int64_t>(m, 1) : kAdapterRows;
+  auto da = at::zeros({r, in}, dy2.options().dtype(ad));
+  auto db = at::zeros({out, r}, dy2.options().dtype(ad));
+  for (int64_t begin = 0; begin < m; begin += block) {
+    const int64_t n = std::min(block, m - begin);
+    const auto dy = dy2.narrow(0, begin, n).to(ad);
+    const auto dyb = at::mm(dy, b);  // [n, r]
+    if (need_dx && adapter_term) {
+      auto dx_rows = g.dx.narrow(0, begin, n);
+      auto term = at::mm(dyb, a);
+      if (dropout.p > 0) {
+        // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
+        const auto mask = dropout.mask.reshape(x2.sizes()).narrow(0, begin, n);
+        term = term * mask.to(ad);
+      }
+      if (ad == dtype) {
+        dx_rows.add_(term, dx_factor);
+      } else {
+        dx_rows.add_((term * dx_factor).to(dtype));
+      }
+    }
+    const auto xd = fault_active(Fault::kDAFromUndroppedX)
+                        ? x2.narrow(0, begin, n).to(ad)
+                        : dropped_rows(x2, dropout, begin, n, ad);
+    if (fault_active(Fault::kHalfPrecisionAccumulation)) {
+      // Token by token, every partial sum rounded to the activation dtype.
+      auto acc = da.to(dtype);
+      const auto dyb_x = dyb.to(dtype), xd_x = xd.to(dtype);
+      for (int64_t t = 0; t < n; ++t) acc.addr_(dyb_x[t], xd_x[t], 1, da_scale);
+      da.copy_(acc);
+    } else {
+      da.addmm_(dyb.t(), xd, /*beta=*/1, /*alpha=*/da_scale);
+    }
+    db.addmm_(dy.t(), xa.narrow(0, begin, n).to(ad), /*beta=*/1, /*alpha=*/f.scaling);
   }
-  g.dB = at::addmm(at::empty({dy2.size(1), xa.size(1)}, dy2.options()), dy2.t(), xa, /*beta=*/0,
-                   /*alpha=*/f.scaling)
-             .to(lora_b.scalar_type());
+  g.dA = da.to(lora_a.scalar_type());
+  g.dB = db.to(lora_b.scalar_type());
   if (fault_active(Fault::kZerosRewrittenInBackward)) {
     // Every stored zero field + 1 (mod 2^bits), written back into the frozen words.
     auto words = as_packed_words(f.base.qzeros, "qzeros");

@@ -32,15 +32,21 @@ void validate_dropout(const char* op, const char* name, const at::Tensor& x, con
 
 // x [..., in] as [M, in].
 at::Tensor rows(const at::Tensor& x);
-// X_d = X * mask / (1 - p), in x's dtype; x itself when p == 0.
-at::Tensor dropped(const at::Tensor& x2, const LoraDropout& dropout);
+// An op's output as handed back (the output-dtype fault hands back fp32).
+at::Tensor as_output(const at::Tensor& y);
+
+// The dtype of the adapter path (X_d A^T, its product with B, dA, dB): the wider of x's and
+// the adapters', as peft computes it (docs/lora-math.md). fp32 adapters under fp16/bf16
+// activations never pass through a half-precision intermediate that could overflow.
+at::ScalarType adapter_dtype(at::ScalarType x, at::ScalarType adapters);
 
 struct ProjectionOutput {
   at::Tensor y;   // [M, out], x's dtype
-  at::Tensor xa;  // X_d A^T [M, r], kept for dB
+  at::Tensor xa;  // X_d A^T [M, r] in the adapter path's dtype, kept for dB
 };
-// Y = X W^T + b + s (X_d A^T) B^T; the dense W^T lives only inside this call.
-ProjectionOutput projection_forward(const at::Tensor& x2, const at::Tensor& xd,
+// Y = X W^T + b + s (X_d A^T) B^T with X_d = X * mask / (1 - p); the dense W^T lives only
+// inside this call.
+ProjectionOutput projection_forward(const at::Tensor& x2, const LoraDropout& dropout,
                                     const FrozenProjection& frozen, const at::Tensor& lora_a,
                                     const at::Tensor& lora_b);
 
@@ -50,11 +56,10 @@ struct ProjectionGrads {
   at::Tensor dB;  // s dY^T (X_d A^T), in lora_B's dtype
 };
 // Backward of projection_forward for dY [M, out]; re-dequantizes W. x2 is the adapter's
-// input before dropout, xd after.
+// input before dropout.
 ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
-                                    const at::Tensor& xd, const at::Tensor& xa,
+                                    const LoraDropout& dropout, const at::Tensor& xa,
                                     const FrozenProjection& frozen, const at::Tensor& lora_a,
-                                    const at::Tensor& lora_b, const LoraDropout& dropout,
-                                    bool need_dx);
+                                    const at::Tensor& lora_b, bool need_dx);
 
 }  // namespace gradscope::detail

@@ -19,14 +19,13 @@ struct LoraQkvFunction : torch::autograd::Function<LoraQkvFunction> {
                                const std::vector<detail::FrozenProjection>& frozen,
                                const LoraDropout& dropout) {
     const auto x2 = detail::rows(x);
-    const auto xd = detail::dropped(x2, dropout);
     const at::Tensor a[3] = {a_q, a_k, a_v}, b[3] = {b_q, b_k, b_v};
     variable_list outputs, xa;
     for (int i = 0; i < 3; ++i) {  // one dense weight alive at a time
-      auto out = detail::projection_forward(x2, xd, frozen[i], a[i], b[i]);
+      auto out = detail::projection_forward(x2, dropout, frozen[i], a[i], b[i]);
       auto shape = x.sizes().vec();
       shape.back() = out.y.size(1);
-      outputs.push_back(out.y.view(shape));
+      outputs.push_back(detail::as_output(out.y.view(shape)));
       xa.push_back(out.xa);
       detail::save_frozen(ctx, kNames[i], frozen[i]);
     }
@@ -40,7 +39,6 @@ struct LoraQkvFunction : torch::autograd::Function<LoraQkvFunction> {
     const auto& x = saved[0];
     const auto dropout = detail::load_dropout(ctx, "x");
     const auto x2 = detail::rows(x);
-    const auto xd = detail::dropped(x2, dropout);
     const bool need_dx = ctx->needs_input_grad(0);
     // Autograd materialises the gradient of an unused output as zeros, so every
     // grad_outputs[i] is defined.
@@ -50,9 +48,9 @@ struct LoraQkvFunction : torch::autograd::Function<LoraQkvFunction> {
       const auto& lora_a = saved[1 + 2 * i];
       const auto& lora_b = saved[2 + 2 * i];
       const auto dy2 = detail::rows(grad_outputs[i]).to(x.scalar_type());
-      auto g = detail::projection_backward(dy2, x2, xd, saved[7 + i],
-                                           detail::load_frozen(ctx, kNames[i]), lora_a, lora_b,
-                                           dropout, need_dx);
+      auto g =
+          detail::projection_backward(dy2, x2, dropout, saved[7 + i],
+                                      detail::load_frozen(ctx, kNames[i]), lora_a, lora_b, need_dx);
       if (need_dx) dx = dx.defined() ? dx.add_(g.dx) : g.dx;
       grads[1 + 2 * i] = g.dA;
       grads[2 + 2 * i] = g.dB;

@@ -15,14 +15,13 @@ struct LoraWFunction : torch::autograd::Function<LoraWFunction> {
                             const at::Tensor& lora_b, const detail::FrozenProjection& frozen,
                             const LoraDropout& dropout) {
     const auto x2 = detail::rows(x);
-    const auto out =
-        detail::projection_forward(x2, detail::dropped(x2, dropout), frozen, lora_a, lora_b);
+    const auto out = detail::projection_forward(x2, dropout, frozen, lora_a, lora_b);
     ctx->save_for_backward({x, lora_a, lora_b, out.xa});
     detail::save_frozen(ctx, "w", frozen);
     detail::save_dropout(ctx, "x", dropout);
     auto shape = x.sizes().vec();
     shape.back() = out.y.size(1);
-    return out.y.view(shape);
+    return detail::as_output(out.y.view(shape));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -31,9 +30,8 @@ struct LoraWFunction : torch::autograd::Function<LoraWFunction> {
     const auto dropout = detail::load_dropout(ctx, "x");
     const auto x2 = detail::rows(x);
     const auto dy2 = detail::rows(grad_outputs[0]).to(x.scalar_type());
-    auto g = detail::projection_backward(dy2, x2, detail::dropped(x2, dropout), saved[3],
-                                         detail::load_frozen(ctx, "w"), saved[1], saved[2], dropout,
-                                         ctx->needs_input_grad(0));
+    auto g = detail::projection_backward(dy2, x2, dropout, saved[3], detail::load_frozen(ctx, "w"),
+                                         saved[1], saved[2], ctx->needs_input_grad(0));
     return {g.dx.defined() ? g.dx.view(x.sizes()) : at::Tensor(), g.dA, g.dB, at::Tensor(),
             at::Tensor()};
   }

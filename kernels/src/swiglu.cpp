@@ -34,23 +34,32 @@ void check_dtype(const at::Tensor& e) {
               "swiglu: activations must be float32, float16 or bfloat16, got ", t);
 }
 
+// The active SwiGLU fault as both implementations take it.
+int fault_mode() {
+  if (fault_active(Fault::kSwigluDerivativeMissingTerm)) {
+    return swiglu_math::kDerivativeMissingTerm;
+  }
+  if (fault_active(Fault::kSwigluSigmoidOverflow)) return swiglu_math::kSigmoidOverflow;
+  return swiglu_math::kCorrect;
+}
+
 template <typename T>
-void forward_cpu(const T* e, const T* g, T* h, int64_t n) {
+void forward_cpu(const T* e, const T* g, T* h, int64_t n, int mode) {
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float ev = static_cast<float>(e[i]);
-      const float silu = static_cast<float>(static_cast<T>(ev * swiglu_math::sigmoid(ev)));
+      const float silu = static_cast<float>(static_cast<T>(ev * swiglu_math::sigmoid(ev, mode)));
       h[i] = static_cast<T>(silu * static_cast<float>(g[i]));
     }
   });
 }
 
 template <typename T>
-void backward_cpu(const T* dh, const T* e, const T* g, T* de, T* dg, int64_t n, bool full) {
+void backward_cpu(const T* dh, const T* e, const T* g, T* de, T* dg, int64_t n, int mode) {
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto grad = swiglu_math::backward(static_cast<float>(dh[i]), static_cast<float>(e[i]),
-                                              static_cast<float>(g[i]), full);
+                                              static_cast<float>(g[i]), mode);
       de[i] = static_cast<T>(grad.de);
       dg[i] = static_cast<T>(grad.dg);
     }
@@ -64,12 +73,13 @@ at::Tensor swiglu_forward(const at::Tensor& e_in, const at::Tensor& g_in) {
   check_dtype(e_in);
   const auto e = e_in.contiguous(), g = g_in.contiguous();
   auto h = at::empty_like(e);
+  const int mode = fault_mode();
   if (e.is_cuda()) {
 #ifdef GRADSCOPE_WITH_CUDA
     const c10::cuda::CUDAGuard guard(e.device());
     const auto err = cuda::launch_swiglu_forward(e.data_ptr(), g.data_ptr(), h.data_ptr(),
                                                  e.numel(), detail::element_type(e.scalar_type()),
-                                                 c10::cuda::getCurrentCUDAStream());
+                                                 mode, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess,
                 "swiglu forward: CUDA launch failed: ", cudaGetErrorString(err));
     return h;
@@ -79,7 +89,7 @@ at::Tensor swiglu_forward(const at::Tensor& e_in, const at::Tensor& g_in) {
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, e.scalar_type(), "swiglu_forward", [&] {
     forward_cpu<scalar_t>(e.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(),
-                          e.numel());
+                          e.numel(), mode);
   });
   return h;
 }
@@ -91,13 +101,13 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in, const
   check_dtype(e_in);
   const auto dh = dh_in.contiguous(), e = e_in.contiguous(), g = g_in.contiguous();
   auto de = at::empty_like(e), dg = at::empty_like(e);
-  const bool full = !fault_active(Fault::kSwigluDerivativeMissingTerm);
+  const int mode = fault_mode();
   if (e.is_cuda()) {
 #ifdef GRADSCOPE_WITH_CUDA
     const c10::cuda::CUDAGuard guard(e.device());
     const auto err = cuda::launch_swiglu_backward(
         dh.data_ptr(), e.data_ptr(), g.data_ptr(), de.data_ptr(), dg.data_ptr(), e.numel(),
-        detail::element_type(e.scalar_type()), full, c10::cuda::getCurrentCUDAStream());
+        detail::element_type(e.scalar_type()), mode, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess,
                 "swiglu backward: CUDA launch failed: ", cudaGetErrorString(err));
     return {de, dg};
@@ -109,7 +119,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in, const
       at::kHalf, at::kBFloat16, e.scalar_type(), "swiglu_backward", [&] {
         backward_cpu<scalar_t>(dh.data_ptr<scalar_t>(), e.data_ptr<scalar_t>(),
                                g.data_ptr<scalar_t>(), de.data_ptr<scalar_t>(),
-                               dg.data_ptr<scalar_t>(), e.numel(), full);
+                               dg.data_ptr<scalar_t>(), e.numel(), mode);
       });
   return {de, dg};
 }

@@ -16,9 +16,10 @@ struct DecoderLayer {
   LoraProjection q, k, v, o, gate, up, down;
   int64_t heads = 0, kv_heads = 0;
   double rope_theta = 10000.0;
+  int64_t position_offset = 0;  // position of each sequence's first token
 };
 
-// x [batch, seq, hidden] -> [batch, seq, hidden]; position of token t is t.
+// x [batch, seq, hidden] -> [batch, seq, hidden]; position of token t is position_offset + t.
 at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer);
 
 // Hugging Face's LlamaRMSNorm: fp32 statistics, the result rounded to x's dtype, times weight.

@@ -30,6 +30,15 @@ enum class Fault {
   // Faults that leave every gradient of the step right and break the next step.
   kZerosRewrittenInBackward,  // the v1 -> v2 zero conversion (field + 1) run in place per backward
   kLoraBOverwrittenByGrad,    // dB written into lora_B's own storage
+  // Range faults: right on unit inputs, wrong at the magnitudes of real models.
+  kRopeTableInActivationDtype,        // positions and angles in x's dtype (bf16: integers <= 256)
+  kRmsNormVarianceInActivationDtype,  // mean(x^2) in x's dtype (fp16 x^2 overflows at |x| >= 256)
+  kSwigluSigmoidOverflow,             // sigmoid(e) = exp(e) / (1 + exp(e)): NaN for e > 88
+  kAdapterPathInActivationDtype,      // fp32 adapters' products rounded to x's dtype: overflows
+  // Faults of the interface: a derived quantity or an output's dtype.
+  kLoraScalingIgnoresRslora,  // lora_scaling() = alpha / r even for rsLoRA
+  kDequantOutputFloat32,      // dequantize returns fp32 whatever dtype was asked for
+  kLoraOutputFloat32,         // the fused ops return fp32 outputs for fp16/bf16 inputs
 };
 
 struct FaultInfo {

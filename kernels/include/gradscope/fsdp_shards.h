@@ -53,7 +53,8 @@ class ShardedParameters {
   // Frees the full parameters' storage again (after forward and backward).
   void release();
   // Sums `full` (one tensor per parameter, same shapes) over the ranks and returns this
-  // rank's shards of the sum (reduce-scatter), laid out like shards().
+  // rank's shards of the sum (reduce-scatter), laid out like shards(); fp16/bf16 tensors are
+  // summed in fp32 and returned in their own dtype.
   std::vector<at::Tensor> reduce_scatter(const std::vector<at::Tensor>& full) const;
   // The full tensors from shards laid out like shards(), as new tensors (state dicts, checks).
   std::vector<at::Tensor> gather_copy(const std::vector<at::Tensor>& shards) const;

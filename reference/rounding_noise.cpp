@@ -1,0 +1,838 @@
+#include "reference/rounding_noise.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "reference/row_parallel.h"
+
+namespace gradscope::reference {
+namespace {
+
+Matrix sq(const Matrix& a) {
+  return a.cwiseAbs2();
+}
+
+// a + b where either may be empty (an exact value has no variance matrix).
+Matrix plus(const Matrix& a, const Matrix& b) {
+  if (a.size() == 0) return b;
+  if (b.size() == 0) return a;
+  return a + b;
+}
+
+// u^2 K / 2: the accumulation term's factor for sums of K terms in format f.
+double accumulation(const Format& f, int64_t k) {
+  return f.unit_roundoff * f.unit_roundoff * static_cast<double>(k) / 2.0;
+}
+
+// K terms each flushed to zero below the format's normal range (f.subnormal), random signs.
+double flushed(const Format& f, int64_t k) {
+  return f.subnormal * f.subnormal * static_cast<double>(k);
+}
+
+// Variance of the computed product A B before it is stored, for A [M, K] and B [K, N]
+// (either may be a transposed view): the operands' errors carried through the product,
+// var_A (B o B) + (A o A) var_B, and the accumulation's own, u^2 K/2 ((A o A)(B o B) + (AB)^2).
+// (c (A o A) + var_A) shares one product with (B o B).
+template <class MatA, class MatB>
+Matrix product_variance(const MatA& a, const Matrix& var_a, const MatB& b, const Matrix& var_b,
+                        const Matrix& ab, const Format& acc) {
+  const Matrix sa = a.cwiseAbs2();
+  const double c = accumulation(acc, a.cols());
+  Matrix left = c * sa;
+  if (var_a.size() > 0) left += var_a;
+  Matrix v = c * ab.cwiseAbs2();
+  v.array() += flushed(acc, a.cols());
+  v.noalias() += left * b.cwiseAbs2();
+  if (var_b.size() > 0) v.noalias() += sa * var_b;
+  return v;
+}
+
+// The same for X W with the dequantized weight W rounded once into `weight` (var_W =
+// u^2 W^2 + subnormal^2, never materialised): one product with (W o W) serves every term.
+template <class MatW>
+Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const MatW& w,
+                               const Matrix& xw, const Format& weight, const Format& acc) {
+  const Matrix sx = sq(x);
+  const double c = accumulation(acc, x.cols());
+  const double u2 = weight.unit_roundoff * weight.unit_roundoff;
+  Matrix left = (c + u2) * sx;
+  if (var_x.size() > 0) left += var_x;
+  Matrix v = c * xw.cwiseAbs2();
+  v.array() += flushed(acc, x.cols());
+  v.noalias() += left * w.cwiseAbs2();
+  if (weight.subnormal > 0) {
+    v.colwise() += (weight.subnormal * weight.subnormal) * sx.rowwise().sum();
+  }
+  return v;
+}
+
+// Variance of X_d = X * mask / (1 - p) from that of X.
+Matrix dropped_variance(const Matrix& var_x, const Dropout& d) {
+  if (d.p == 0 || var_x.size() == 0) return var_x;
+  return var_x.cwiseProduct(d.mask) / ((1 - d.p) * (1 - d.p));
+}
+
+// x / s for s != 0: the unscaled value of a scaled product (s = 0 leaves nothing to scale).
+Matrix unscaled(const Matrix& x, double s) {
+  return s == 0 ? x : Matrix(x / s);
+}
+
+double sigmoid(double e) {
+  return 1.0 / (1.0 + std::exp(-e));
+}
+
+}  // namespace
+
+Matrix rounding_variance(const Matrix& v, const Format& f) {
+  const double u2 = f.unit_roundoff * f.unit_roundoff, s2 = f.subnormal * f.subnormal;
+  return ((u2 * v.cwiseAbs2()).array() + s2).matrix();
+}
+
+void RoundingNoise::store(const std::string& name, const Matrix& v) {
+  const double m = v.size() ? v.cwiseAbs().maxCoeff() : 0.0;
+  for (auto& s : stored_) {
+    if (s.name == name) {
+      s.max_abs = std::max(s.max_abs, m);
+      return;
+    }
+  }
+  stored_.push_back({name, m});
+}
+
+// An input error reaches a projection's output through the base weight and the adapter
+// together: dY_ij = sum_k dX_ik (W_kj + s c_ik M_kj), with M = A^T B^T [in, out] and c the
+// dropout factor mask / (1 - p) of element ik. Its variance, from var_x [rows, in] (or, with
+// `transposed`, from var_dy [rows, out] through W^T, c then applying to the output element):
+//   without dropout  var (W + s M)^2
+//   with dropout     var W^2 + 2 s (var c) (W o M) + s^2 (var c^2) (M o M)   (c on var's side)
+//                    V1 + 2 s c o V2 + s^2 c^2 o V3                          (transposed)
+// Two paths that share one error add before they are squared: summing their variances apart
+// would be wrong by up to a factor 2 either way.
+Matrix composite_variance(const Matrix& var, const Projection& p, const Dropout& d,
+                          bool transposed) {
+  const Matrix m = p.lora_A.transpose() * p.lora_B.transpose();  // [in, out]
+  const double s = p.scaling;
+  if (d.p == 0) {
+    const Matrix w2 = (p.weight_t + s * m).cwiseAbs2();
+    return transposed ? Matrix(var * w2.transpose()) : Matrix(var * w2);
+  }
+  const double c = 1.0 / (1.0 - d.p);
+  const Matrix w2 = p.weight_t.cwiseAbs2(), wm = p.weight_t.cwiseProduct(m), m2 = m.cwiseAbs2();
+  if (!transposed) {
+    const Matrix vm = var.cwiseProduct(d.mask);
+    Matrix v = var * w2;
+    v.noalias() += (2 * s * c) * (vm * wm);
+    v.noalias() += (s * s * c * c) * (vm * m2);
+    return v;
+  }
+  Matrix v = var * w2.transpose();
+  v += (2 * s * c) * d.mask.cwiseProduct(var * wm.transpose());
+  v += (s * s * c * c) * d.mask.cwiseProduct(var * m2.transpose());
+  return v;
+}
+
+// Forward of one projection, Y = X W^T + b + s (X_d A^T) B^T, as a careful implementation
+// computes it: P = X W in the activation format, the adapter term L = s (X_d A^T) B^T in the
+// adapter compute format and rounded into the activation format, then P + b + L.
+ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix& var_x,
+                                                   const Projection& p, const Dropout& d,
+                                                   const Matrix& y, const std::string& name) {
+  const Format &act = p_.activation, &ad = p_.adapter_compute, &acc = p_.accumulate;
+  const double s = p.scaling, s2 = s * s;
+  const Matrix xd = dropped(x, d);
+  // The adapter path's own roundings: X_d (its 1/(1-p) factor), X_d A^T and L.
+  const Matrix var_xd_own = d.p > 0 ? rounding_variance(xd, ad) : Matrix();
+  const Matrix xa = xd * p.lora_A.transpose();
+  const Matrix var_xa_own =
+      product_variance(xd, var_xd_own, p.lora_A.transpose(), Matrix(), xa, acc) +
+      rounding_variance(xa, ad);
+  const Matrix lora = s * (xa * p.lora_B.transpose());
+  Matrix var_lora =
+      s2 * product_variance(xa, var_xa_own, p.lora_B.transpose(), Matrix(), unscaled(lora, s), acc);
+  var_lora += rounding_variance(lora, ad) + rounding_variance(lora, act);
+
+  // The base product X W (the reference's y less bias and adapter term), its weight's
+  // rounding and accumulation; x's own error through base and adapter together.
+  Matrix base = y - lora;
+  if (p.bias.size() > 0) base.rowwise() -= p.bias;
+  ProjectionForwardNoise out;
+  out.y = weight_product_variance(x, Matrix(), p.weight_t, base, act, acc) +
+          rounding_variance(base, act);
+  if (var_x.size() > 0) out.y += composite_variance(var_x, p, d, /*transposed=*/false);
+  store(name + "/base_output", base);
+  if (p.bias.size() > 0) {
+    base.rowwise() += p.bias;
+    out.y += rounding_variance(base, act);
+  }
+  out.y += var_lora + rounding_variance(y, act);
+  // X_d A^T's variance for the backward's dB: each element sums independent errors of one row.
+  out.xa = var_xa_own;
+  if (var_x.size() > 0) out.xa += dropped_variance(var_x, d) * p.lora_A.transpose().cwiseAbs2();
+  store(name + "/adapter_output", lora);
+  store(name + "/output", y);
+  return out;
+}
+
+// Backward of one projection: dX = dY W + s ((dY B) A) * m / (1 - p) in the activation
+// format (the adapter term from the adapter compute format), dA = s (dY B)^T X_d and
+// dB = s dY^T (X_d A^T) in the adapter compute format, stored in the adapter format.
+ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix& var_x,
+                                                  const Matrix& dy, const Matrix& var_dy,
+                                                  const Projection& p, const Dropout& d,
+                                                  const ProjectionForwardNoise& forward,
+                                                  const ProjectionGrads& grads,
+                                                  const std::string& name) {
+  const Format &act = p_.activation, &ad = p_.adapter_compute, &acc = p_.accumulate;
+  const double s = p.scaling, s2 = s * s;
+  const Matrix xd = dropped(x, d);
+  Matrix var_xd = dropped_variance(var_x, d);
+  if (d.p > 0) var_xd = plus(var_xd, rounding_variance(xd, ad));
+  const Matrix xa = xd * p.lora_A.transpose();
+
+  const Matrix dyb = dy * p.lora_B;  // [M, r], unscaled
+  const Matrix var_dyb_own =
+      product_variance(dy, Matrix(), p.lora_B, Matrix(), dyb, acc) + rounding_variance(dyb, ad);
+  Matrix var_dyb = var_dyb_own;  // each element sums independent errors of one row of dY
+  if (var_dy.size() > 0) var_dyb += var_dy * p.lora_B.cwiseAbs2();
+
+  ProjectionGradsNoise g;
+  // The adapter's share of dX with its own roundings, then the base product dY W (the
+  // reference's dX less that share); dY's own error through both together.
+  const Matrix ba = dyb * p.lora_A;
+  Matrix var_term = s2 * product_variance(dyb, var_dyb_own, p.lora_A, Matrix(), ba, acc);
+  const Matrix term = dropped(s * ba, d);
+  var_term = dropped_variance(var_term, d);
+  var_term += rounding_variance(term, ad) + rounding_variance(term, act);
+  const Matrix dx_base = grads.dx - term;
+  g.dx = weight_product_variance(dy, Matrix(), p.weight_t.transpose(), dx_base, act, acc) +
+         rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act);
+  if (var_dy.size() > 0) g.dx += composite_variance(var_dy, p, d, /*transposed=*/true);
+
+  const Matrix dyb_t = dyb.transpose(), var_dyb_t = var_dyb.transpose();
+  g.dA = s2 * product_variance(dyb_t, var_dyb_t, xd, var_xd, unscaled(grads.dA, s), acc) +
+         rounding_variance(grads.dA, ad) + rounding_variance(grads.dA, p_.adapter);
+  const Matrix var_dy_t = var_dy.size() ? Matrix(var_dy.transpose()) : Matrix();
+  g.dB =
+      s2 * product_variance(dy.transpose(), var_dy_t, xa, forward.xa, unscaled(grads.dB, s), acc) +
+      rounding_variance(grads.dB, ad) + rounding_variance(grads.dB, p_.adapter);
+  store(name + "/input.grad", grads.dx);
+  return g;
+}
+
+QkvNoise RoundingNoise::qkv(const Matrix& x, const Matrix& dq, const Matrix& dk, const Matrix& dv,
+                            const Projection& q, const Projection& k, const Projection& v,
+                            const Dropout& d, const QkvOutputs& out, const QkvGrads& grads) {
+  QkvNoise n;
+  const Matrix none;
+  const auto fq = lora_forward(x, none, q, d, out.q, "q_proj");
+  const auto fk = lora_forward(x, none, k, d, out.k, "k_proj");
+  const auto fv = lora_forward(x, none, v, d, out.v, "v_proj");
+  n.q = fq.y, n.k = fk.y, n.v = fv.y;
+  n.gq = lora_backward(x, none, dq, none, q, d, fq, grads.q, "q_proj");
+  n.gk = lora_backward(x, none, dk, none, k, d, fk, grads.k, "k_proj");
+  n.gv = lora_backward(x, none, dv, none, v, d, fv, grads.v, "v_proj");
+  // The three shares added, each sum rounded.
+  n.dx = n.gq.dx + n.gk.dx + n.gv.dx + rounding_variance(grads.q.dx + grads.k.dx, p_.activation) +
+         rounding_variance(grads.dx, p_.activation);
+  return n;
+}
+
+namespace {
+
+// SwiGLU's element values: silu(e), its first and second derivatives.
+struct Silu {
+  double value, d1, d2;
+};
+Silu silu(double e) {
+  const double sg = sigmoid(e);
+  return {e * sg, sg * (1.0 + e * (1.0 - sg)), sg * (1.0 - sg) * (2.0 + e * (1.0 - 2.0 * sg))};
+}
+
+}  // namespace
+
+// Variance of h = silu(e) g (silu(e) possibly rounded first, h rounded) from those of e, g.
+Matrix swiglu_variance(const Matrix& e, const Matrix& g, const Matrix& var_e, const Matrix& var_g,
+                       const Format& act, const Format& acc, double inputs) {
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  // sigmoid(e) below the accumulation format's normal range may flush to zero: silu(e) then
+  // errs by up to |e| times that range's bottom.
+  const double ftz2 = acc.subnormal * acc.subnormal;
+  Matrix var(e.rows(), e.cols());
+  for_each_row(e.rows(), [&](int64_t t) {
+    for (int64_t n = 0; n < e.cols(); ++n) {
+      const Silu f = silu(e(t, n));
+      const double gv = g(t, n), h = f.value * gv;
+      const double ev = e(t, n);
+      var(t, n) = inputs * (f.d1 * f.d1 * gv * gv * var_e(t, n) + f.value * f.value * var_g(t, n)) +
+                  (u2 * f.value * f.value + sub2 + ev * ev * ftz2) * gv * gv + u2 * h * h + sub2;
+    }
+  });
+  return var;
+}
+
+SwigluGradsNoise swiglu_backward_variance(const Matrix& e, const Matrix& g, const Matrix& dh,
+                                          const Matrix& var_e, const Matrix& var_g,
+                                          const Matrix& var_dh, const Format& act,
+                                          const Format& acc, double inputs) {
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  const double ftz2 = acc.subnormal * acc.subnormal;  // a flushed sigmoid, as in the forward
+  const int64_t rows = e.rows(), cols = e.cols();
+  SwigluGradsNoise out{Matrix(rows, cols), Matrix(rows, cols), Matrix(rows, cols),
+                       Matrix(rows, cols)};
+  for_each_row(rows, [&](int64_t t) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const Silu f = silu(e(t, c));
+      const double gv = g(t, c), d = dh(t, c);
+      const double dg = d * f.value, de = d * gv * f.d1;
+      out.dg(t, c) = dg;
+      out.de(t, c) = de;
+      const double ev = e(t, c);
+      out.var_dg(t, c) =
+          f.value * f.value * var_dh(t, c) + inputs * d * d * f.d1 * f.d1 * var_e(t, c) +
+          d * d * (u2 * f.value * f.value + sub2 + ev * ev * ftz2) + u2 * dg * dg + sub2;
+      out.var_de(t, c) =
+          gv * gv * f.d1 * f.d1 * var_dh(t, c) +
+          inputs *
+              (d * d * f.d1 * f.d1 * var_g(t, c) + d * d * gv * gv * f.d2 * f.d2 * var_e(t, c)) +
+          d * d * gv * gv * (u2 * f.d1 * f.d1 + sub2 + (1 + ev * ev) * ftz2) + u2 * de * de + sub2;
+    }
+  });
+  return out;
+}
+
+MlpNoise RoundingNoise::mlp(const MlpTape& tape, const Matrix& x, const Matrix& dy,
+                            const Projection& gate, const Projection& up, const Projection& down,
+                            const Dropout& dx, const Dropout& dh, const Matrix& y,
+                            const MlpGrads& grads) {
+  const Format& act = p_.activation;
+  const Matrix none;
+  const auto fg = lora_forward(x, none, gate, dx, tape.e, "gate_proj");
+  const auto fu = lora_forward(x, none, up, dx, tape.g, "up_proj");
+  const Matrix h = swiglu(tape.e, tape.g);
+  const Matrix var_h = swiglu_variance(tape.e, tape.g, fg.y, fu.y, act, p_.accumulate, 1.0);
+  store("mlp/h", h);
+  const auto fd = lora_forward(h, var_h, down, dh, y, "down_proj");
+  MlpNoise n;
+  n.y = fd.y;
+  n.down = lora_backward(h, var_h, dy, none, down, dh, fd, grads.down, "down_proj");
+  const auto sg = swiglu_backward_variance(tape.e, tape.g, grads.down.dx, fg.y, fu.y, n.down.dx,
+                                           act, p_.accumulate, 1.0);
+  store("mlp/dg", sg.dg);
+  store("mlp/de", sg.de);
+  n.up = lora_backward(x, none, sg.dg, sg.var_dg, up, dx, fu, grads.up, "up_proj");
+  n.gate = lora_backward(x, none, sg.de, sg.var_de, gate, dx, fg, grads.gate, "gate_proj");
+  n.dx = n.up.dx + n.gate.dx + rounding_variance(grads.dx, act);
+  return n;
+}
+
+// The activation path of one layer as the tape holds it, with the variance of each value.
+struct RoundingNoise::LayerForward {
+  Matrix n1, q, k, v, qr, kr, attn, h, n2, e, g, hm, out;  // variances
+  ProjectionForwardNoise fq, fk, fv, fo, fgate, fup, fdown;
+};
+
+// RMSNorm y = w x r, with r = (mean(x^2) + eps)^(-1/2) from fp32 statistics and x r rounded
+// to the activation format before the weight: variance of y, and the statistics.
+Matrix rmsnorm_variance(const Matrix& x, const Matrix& var_x, const RmsNorm& norm,
+                        const Format& act, const Format& acc) {
+  const int64_t rows = x.rows(), dim = x.cols();
+  const double D = static_cast<double>(dim);
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  Matrix var(rows, dim);
+  for_each_row(rows, [&](int64_t t) {
+    const auto row = x.row(t);
+    const double ms = row.squaredNorm() / D;
+    const double r = 1.0 / std::sqrt(ms + norm.eps);
+    const double sum_t2 = row.array().square().square().sum() / (D * D);
+    double var_ms = accumulation(acc, dim) * (sum_t2 + ms * ms);
+    double sx = 0;  // sum_j x_j^2 var_j
+    if (var_x.size() > 0) {
+      sx = (row.array().square() * var_x.row(t).array()).sum();
+      var_ms += 4.0 / (D * D) * sx;
+    }
+    for (int64_t i = 0; i < dim; ++i) {
+      const double xi = row(i), n = xi * r, w = norm.weight(i);
+      // dn_i/dx_i = r (1 - a_i) directly; through the mean the other inputs move it by
+      // -x_i r^3 / 2 dms, whose variance var_ms already holds.
+      const double a = xi * xi * r * r / D;
+      const double vi = var_x.size() > 0 ? var_x(t, i) : 0.0;
+      double vn = r * r * ((1 - a) * (1 - a) - a * a) * vi;
+      vn += 0.25 * xi * xi * r * r * r * r * r * r * var_ms;
+      vn = std::max(vn, 0.0) + ua2 * n * n + u2 * n * n + sub2;
+      var(t, i) = w * w * vn + u2 * (w * n) * (w * n) + sub2;
+    }
+  });
+  return var;
+}
+
+// RMSNorm's backward dx = r gw - x r^3 <gw, x> / D with gw = dy w (rounded to the
+// activation format), from fp32 statistics: variance of dx given those of x and dy.
+Matrix rmsnorm_backward_variance(const Matrix& x, const Matrix& var_x, const Matrix& dy,
+                                 const Matrix& var_dy, const RmsNorm& norm, const Format& act,
+                                 const Format& acc) {
+  const int64_t rows = x.rows(), dim = x.cols();
+  const double D = static_cast<double>(dim);
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  Matrix var(rows, dim);
+  for_each_row(rows, [&](int64_t t) {
+    const auto row = x.row(t);
+    const double ms = row.squaredNorm() / D, r = 1.0 / std::sqrt(ms + norm.eps);
+    const double r3 = r * r * r;
+    const Eigen::RowVectorXd gw = dy.row(t).cwiseProduct(norm.weight);
+    Eigen::RowVectorXd var_gw = (u2 * gw.array().square() + sub2).matrix();
+    if (var_dy.size() > 0) var_gw += var_dy.row(t).cwiseProduct(norm.weight.cwiseAbs2());
+    const double c = gw.dot(row);
+    const double var_c = accumulation(acc, dim) * ((gw.cwiseProduct(row)).squaredNorm() + c * c);
+    const double var_ms =
+        accumulation(acc, dim) * (row.array().square().square().sum() / (D * D) + ms * ms);
+    const double sxg = (row.array().square() * var_gw.array()).sum();
+    // x's own error: dx_i moves by k1_i <x, dx> + k2 dx_i + k3_i <gw, dx> (through r, through
+    // x_i itself, through c); the three share the same errors, so their covariances count.
+    double sxx = 0, sxgx = 0, sgg = 0;  // sum_j var_j times x_j^2, x_j gw_j, gw_j^2
+    if (var_x.size() > 0) {
+      const auto vx = var_x.row(t).array();
+      sxx = (row.array().square() * vx).sum();
+      sxgx = (row.array() * gw.array() * vx).sum();
+      sgg = (gw.array().square() * vx).sum();
+    }
+    const double k2 = -r3 * c / D;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double xi = row(i), a = xi * xi * r * r / D;
+      const double dx = r * gw(i) - xi * r3 * c / D;
+      // Through gw: the same Jacobian shape as the forward.
+      double v = r * r *
+                 ((1 - a) * (1 - a) * var_gw(i) +
+                  (xi * r * r / D) * (xi * r * r / D) * (sxg - xi * xi * var_gw(i)));
+      v = std::max(v, 0.0);
+      // Through c's accumulation and the mean's.
+      v += (xi * r3 / D) * (xi * r3 / D) * var_c;
+      const double dr = -0.5 * r3;  // dr / dms
+      const double through_ms = gw(i) * dr - 3.0 * xi * r * r * dr * c / D;
+      v += through_ms * through_ms * var_ms;
+      if (var_x.size() > 0) {
+        const double k1 = -gw(i) * r3 / D + 3.0 * xi * r3 * r * r * c / (D * D);
+        const double k3 = -xi * r3 / D;
+        const double vi = var_x(t, i);
+        v += std::max(0.0, k1 * k1 * sxx + 2 * k1 * k3 * sxgx + k3 * k3 * sgg +
+                               2 * k2 * (k1 * xi + k3 * gw(i)) * vi + k2 * k2 * vi);
+      }
+      var(t, i) = v + ua2 * dx * dx + u2 * dx * dx + sub2;
+    }
+  });
+  return var;
+}
+
+// Rotary embedding with cos/sin tables computed in the accumulation format (angle = position
+// x frequency, rounded twice) and rounded to the activation format; `sign` -1 is the
+// transposed rotation of the backward. Variance of the result given that of x.
+Matrix rope_variance(const Matrix& x, const Matrix& var_x, const AttentionShape& s, int64_t heads,
+                     double sign, const Format& act, const Format& acc) {
+  const int64_t d = s.head_dim, half = d / 2;
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  const double ua = acc.unit_roundoff;
+  Matrix var(x.rows(), x.cols());
+  for_each_row(x.rows(), [&](int64_t row) {
+    const double position = static_cast<double>(row % s.seq + s.position_offset);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = position * std::pow(s.rope_theta, -2.0 * i / d);
+      const double c = std::cos(angle), sn = std::sin(angle);
+      // The table's error: the angle's (2 roundings of |angle|), cos/sin's own, then the
+      // rounding of the table entry into the activation format.
+      const double dangle2 = 4 * ua * ua * angle * angle;
+      const double var_c = sn * sn * dangle2 + ua * ua * c * c + u2 * c * c + sub2;
+      const double var_s = c * c * dangle2 + ua * ua * sn * sn + u2 * sn * sn + sub2;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t ia = h * d + i, ib = ia + half;
+        const double a = x(row, ia), b = x(row, ib);
+        const double va = var_x.size() ? var_x(row, ia) : 0.0;
+        const double vb = var_x.size() ? var_x(row, ib) : 0.0;
+        const double ya = a * c - sign * b * sn, yb = b * c + sign * a * sn;
+        const double products = u2 * (a * a * c * c + b * b * sn * sn) + 2 * sub2;
+        var(row, ia) = c * c * va + sn * sn * vb + a * a * var_c + b * b * var_s + products +
+                       u2 * ya * ya + sub2;
+        var(row, ib) = c * c * vb + sn * sn * va + b * b * var_c + a * a * var_s + products +
+                       u2 * yb * yb + sub2;
+      }
+    }
+  });
+  return var;
+}
+
+// Causal softmax probabilities of one (batch, head) block and their variance, given the
+// scores' variance: var_P_ij = P_ij^2 ((1 - 2 P_ij) var_S_ij + sum_k P_ik^2 var_S_ik), plus
+// the normalising sum's accumulation and the rounding of P into the activation format.
+void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& act,
+                      const Format& acc, Matrix& p, Matrix& var_p) {
+  const int64_t n = scores.rows();
+  const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+  p = Matrix::Zero(n, n);
+  var_p = Matrix::Zero(n, n);
+  for (int64_t i = 0; i < n; ++i) {
+    double m = scores(i, 0);
+    for (int64_t j = 1; j <= i; ++j) m = std::max(m, scores(i, j));
+    double sum = 0;
+    for (int64_t j = 0; j <= i; ++j) sum += (p(i, j) = std::exp(scores(i, j) - m));
+    double spv = 0;
+    for (int64_t j = 0; j <= i; ++j) {
+      p(i, j) /= sum;
+      spv += p(i, j) * p(i, j) * var_s(i, j);
+    }
+    // The normalising sum of i + 1 positive terms (relative variance u^2 (i + 1)), the
+    // exponential and the division.
+    const double normalise = ua2 * static_cast<double>(i + 3);
+    for (int64_t j = 0; j <= i; ++j) {
+      const double pj = p(i, j);
+      double v = pj * pj * ((1 - 2 * pj) * var_s(i, j) + spv);
+      var_p(i, j) = std::max(v, 0.0) + normalise * pj * pj + u2 * pj * pj + sub2;
+    }
+  }
+}
+
+namespace {
+
+// sum_j A_ij (X_jd - Y_id)^2 for A [n, n], X [n, d], Y [n, d]: the spread of X's rows about
+// Y_i weighted by A's row i, expanded into products: (A X^2) - 2 Y o (A X) + Y^2 o rowsum(A).
+Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y) {
+  Matrix out = a * x.cwiseAbs2();
+  out -= 2 * y.cwiseProduct(a * x);
+  out += (y.cwiseAbs2().array().colwise() * a.rowwise().sum().array()).matrix();
+  return out.cwiseMax(0.0);
+}
+
+// One (batch, head) block of causal attention with the variances of its inputs.
+struct AttentionBlock {
+  Matrix q, k, v, vq, vk, vv;  // values [n, d] and variances (vq... may be empty)
+  Matrix scores, p, o;         // S = Q K^T / sqrt(d), P = softmax(S), O = P V
+  Matrix v_scores;             // variance of each score from K's error and S's own roundings
+  double scale = 0;
+};
+
+AttentionBlock attention_block(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& vq,
+                               const Matrix& vk, const Matrix& vv, double scale, const Format& act,
+                               const Format& acc) {
+  AttentionBlock blk{q, k, v, vq, vk, vv, {}, {}, {}, {}, scale};
+  const int64_t n = q.rows();
+  blk.scores = scale * (q * k.transpose());
+  // Per (i, j) independent errors of a score: K_j's error seen through Q_i, the product's
+  // accumulation, its rounding into the activation format and exp's own relative error.
+  blk.v_scores = (scale * scale) * product_variance(q, Matrix(), k.transpose(),
+                                                    vk.size() ? Matrix(vk.transpose()) : Matrix(),
+                                                    blk.scores / scale, acc);
+  blk.v_scores += rounding_variance(blk.scores, act);
+  blk.v_scores.array() += acc.unit_roundoff * acc.unit_roundoff;
+  blk.p = Matrix::Zero(n, n);
+  for (int64_t i = 0; i < n; ++i) {
+    double m = blk.scores(i, 0);
+    for (int64_t j = 1; j <= i; ++j) m = std::max(m, blk.scores(i, j));
+    double sum = 0;
+    for (int64_t j = 0; j <= i; ++j) sum += (blk.p(i, j) = std::exp(blk.scores(i, j) - m));
+    blk.p.row(i) /= sum;
+  }
+  blk.o = blk.p * v;
+  return blk;
+}
+
+// Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to.
+Matrix key_spread(const AttentionBlock& b) {
+  return centred_spread(b.p, b.k, b.p * b.k);
+}
+
+}  // namespace
+
+Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
+                                  const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,
+                                  const AttentionShape& s, const Format& act, const Format& acc,
+                                  double* max_score) {
+  const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+  Matrix var = Matrix::Zero(q.rows(), q.cols());
+  std::vector<double> score_max(s.batch * s.heads, 0.0);
+  for_each_row(s.batch * s.heads, [&](int64_t bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
+    const auto blk = [&](const Matrix& m, int64_t head) {
+      return m.size() ? Matrix(m.block(b * s.seq, head * d, s.seq, d)) : Matrix();
+    };
+    const auto a = attention_block(blk(q, h), blk(k, kv), blk(v, kv), blk(var_q, h), blk(var_k, kv),
+                                   blk(var_v, kv), scale, act, acc);
+    score_max[bh] = a.scores.cwiseAbs().maxCoeff();
+    const Matrix p2 = a.p.cwiseAbs2();
+    // Errors independent per score (i, j): O_i moves by P_ij dS_ij (V_j - O_i).
+    Matrix v_o = centred_spread(p2.cwiseProduct(a.v_scores), a.v, a.o);
+    // Q_i's error reaches every score of row i: bounded by Cauchy-Schwarz over the keys,
+    // var <= scale^2 (sum_j P_ij (V_jd - O_id)^2) (sum_e var_Q_ie Kv_ie).
+    if (a.vq.size() > 0) {
+      const Eigen::VectorXd t = (a.vq.cwiseProduct(key_spread(a))).rowwise().sum();
+      v_o +=
+          (scale * scale) * (centred_spread(a.p, a.v, a.o).array().colwise() * t.array()).matrix();
+    }
+    if (a.vv.size() > 0) v_o += p2 * a.vv;  // V_j's error through P_ij
+    // P rounded into the activation format before the product; the normalising sum of i + 1
+    // positive terms (a relative error shared by the row); O's accumulation and rounding.
+    v_o += rounding_variance(a.p, act) * a.v.cwiseAbs2();
+    Eigen::VectorXd rows(s.seq);
+    for (int64_t i = 0; i < s.seq; ++i) rows(i) = ua2 * static_cast<double>(i + 2);
+    v_o += (a.o.cwiseAbs2().array().colwise() * rows.array()).matrix();
+    v_o += accumulation(acc, s.seq) * (p2 * a.v.cwiseAbs2() + a.o.cwiseAbs2());
+    var.block(b * s.seq, h * d, s.seq, d) = v_o + rounding_variance(a.o, act);
+  });
+  if (max_score) *max_score = *std::max_element(score_max.begin(), score_max.end());
+  return var;
+}
+
+AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
+                                                const Matrix& dout, const Matrix& var_q,
+                                                const Matrix& var_k, const Matrix& var_v,
+                                                const Matrix& var_dout, const AttentionShape& s,
+                                                const Format& act, const Format& acc) {
+  // With dP = dO V^T, c_i = sum_j P_ij dP_ij, dS = P (dP - c): dQ = scale dS K,
+  // dK = scale dS^T Q, dV = P^T dO. An error e_ij of dP independent per (i, j) moves dS_ij by
+  // P_ij (e_ij - sum_k P_ik e_ik): it reaches dQ_i as scale sum_j P_ij e_ij (K_j - Kbar_i)
+  // and dK_j as scale sum_i P_ij (e_ij - sum_k P_ik e_ik) Q_i.
+  const int64_t d = s.head_dim, group = s.heads / s.kv_heads, blocks = s.batch * s.heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d)), s2 = scale * scale;
+  AttentionGradsNoise out;
+  out.dq_value.resize(q.rows(), q.cols());
+  out.dq.resize(q.rows(), q.cols());
+  std::vector<Matrix> dk_parts(blocks), dv_parts(blocks), var_dk_parts(blocks),
+      var_dv_parts(blocks);
+  for_each_row(blocks, [&](int64_t bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
+    const auto blk = [&](const Matrix& m, int64_t head) {
+      return m.size() ? Matrix(m.block(b * s.seq, head * d, s.seq, d)) : Matrix();
+    };
+    const auto a = attention_block(blk(q, h), blk(k, kv), blk(v, kv), blk(var_q, h), blk(var_k, kv),
+                                   blk(var_v, kv), scale, act, acc);
+    const Matrix doh = blk(dout, h), vdo = blk(var_dout, h);
+    const Matrix& p = a.p;
+    const Matrix p2 = p.cwiseAbs2();
+    const Matrix dp = doh * a.v.transpose();
+    const Eigen::VectorXd c = dp.cwiseProduct(p).rowwise().sum();
+    const Matrix ds = p.cwiseProduct(dp.colwise() - c);
+    const Matrix kbar = p * a.k;
+    // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
+    // seen through dO_i.
+    Matrix e = product_variance(doh, Matrix(), a.v.transpose(), Matrix(), dp, acc) +
+               rounding_variance(dp, act);
+    if (a.vv.size() > 0) e += doh.cwiseAbs2() * a.vv.transpose();
+    // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
+    const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
+    const Matrix var_ds_e =
+        p2.cwiseProduct((((1.0 - 2.0 * p.array()) * e.array()).colwise() + pe.array()).matrix())
+            .cwiseMax(0.0);
+    // The rest of dS's variance, element by element (the model's approximation here,
+    // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
+    // accumulation (shared by the row) and dS's own rounding.
+    Matrix v_scores = a.v_scores;
+    if (a.vq.size() > 0) v_scores += s2 * (a.vq * a.k.transpose().cwiseAbs2());
+    Matrix sp, var_p;
+    softmax_variance(a.scores, v_scores, act, acc, sp, var_p);
+    const Matrix centred = dp.colwise() - c;
+    // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
+    // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
+    const Eigen::VectorXd var_c =
+        dp.cwiseAbs2().cwiseProduct(var_p).rowwise().sum() +
+        accumulation(acc, s.seq) * (dp.cwiseProduct(p).cwiseAbs2().rowwise().sum() + c.cwiseAbs2());
+    Matrix var_ds_rest = centred.cwiseAbs2().cwiseProduct(var_p);
+    var_ds_rest += (p2.array().colwise() * var_c.array()).matrix();
+    var_ds_rest += rounding_variance(ds, act);
+
+    // dQ = scale dS K: e exactly, through the keys centred on the row's mean key; the rest of
+    // dS element by element; K's own error; dO's error (shared by row i) bounded by
+    // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
+    const Matrix dqh = scale * (ds * a.k);
+    Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
+    v_dq += s2 * (var_ds_rest * a.k.cwiseAbs2());
+    if (a.vk.size() > 0) v_dq += s2 * (ds.cwiseAbs2() * a.vk);
+    if (vdo.size() > 0) {
+      const Eigen::VectorXd w = (vdo.cwiseProduct(centred_spread(p, a.v, a.o))).rowwise().sum();
+      v_dq += s2 * (key_spread(a).array().colwise() * w.array()).matrix();
+    }
+    v_dq += s2 * accumulation(acc, s.seq) *
+            (ds.cwiseAbs2() * a.k.cwiseAbs2() + (dqh / scale).cwiseAbs2());
+    out.dq_value.block(b * s.seq, h * d, s.seq, d) = dqh;
+    out.dq.block(b * s.seq, h * d, s.seq, d) = v_dq + rounding_variance(dqh, act);
+    const Matrix var_ds = var_ds_e + var_ds_rest;
+
+    // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
+    // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; Q's own error.
+    const Matrix ds_t = ds.transpose();
+    dk_parts[bh] = scale * (ds_t * a.q);
+    Matrix v_dk = s2 * (var_ds.transpose() * a.q.cwiseAbs2());
+    if (vdo.size() > 0) {
+      // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
+      Matrix g = vdo * a.v.transpose().cwiseAbs2();
+      g -= 2 * (vdo.cwiseProduct(a.o) * a.v.transpose());
+      g.colwise() += vdo.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
+      v_dk += s2 * (p2.cwiseProduct(g.cwiseMax(0.0)).transpose() * a.q.cwiseAbs2());
+    }
+    if (a.vq.size() > 0) v_dk += s2 * (ds_t.cwiseAbs2() * a.vq);
+    v_dk += s2 * accumulation(acc, s.seq) *
+            (ds_t.cwiseAbs2() * a.q.cwiseAbs2() + (dk_parts[bh] / scale).cwiseAbs2());
+    var_dk_parts[bh] = v_dk + rounding_variance(dk_parts[bh], act);
+
+    // dV = P^T dO: dO's error exactly, P's element by element, the accumulation.
+    dv_parts[bh] = p.transpose() * doh;
+    Matrix v_dv = var_p.transpose() * doh.cwiseAbs2();
+    if (vdo.size() > 0) v_dv += p2.transpose() * vdo;
+    v_dv +=
+        accumulation(acc, s.seq) * (p2.transpose() * doh.cwiseAbs2() + dv_parts[bh].cwiseAbs2());
+    var_dv_parts[bh] = v_dv + rounding_variance(dv_parts[bh], act);
+  });
+  // The heads of a group add their shares of dK and dV, each partial sum rounded.
+  out.dk_value = Matrix::Zero(k.rows(), k.cols());
+  out.dv_value = out.dk_value;
+  out.dk = out.dk_value;
+  out.dv = out.dk_value;
+  for_each_row(s.batch * s.kv_heads, [&](int64_t bkv) {
+    const int64_t b = bkv / s.kv_heads, kv = bkv % s.kv_heads;
+    auto dk_sum = out.dk_value.block(b * s.seq, kv * d, s.seq, d);
+    auto dv_sum = out.dv_value.block(b * s.seq, kv * d, s.seq, d);
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+      const int64_t bh = b * s.heads + h;
+      dk_sum += dk_parts[bh];
+      dv_sum += dv_parts[bh];
+      out.dk.block(b * s.seq, kv * d, s.seq, d) +=
+          var_dk_parts[bh] + rounding_variance(dk_sum, act);
+      out.dv.block(b * s.seq, kv * d, s.seq, d) +=
+          var_dv_parts[bh] + rounding_variance(dv_sum, act);
+    }
+  });
+  return out;
+}
+
+RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, const Matrix& x,
+                                                         const Matrix& var_x, const Layer& l,
+                                                         const AttentionShape& s,
+                                                         const std::string& name) {
+  const Format &act = p_.activation, &acc = p_.accumulate;
+  const Dropout none;
+  LayerForward f;
+  f.n1 = rmsnorm_variance(x, var_x, l.input_norm, act, acc);
+  store(name + "/input_norm", t.n1);
+  f.fq = lora_forward(t.n1, f.n1, l.q, none, t.q, name + "/q_proj");
+  f.fk = lora_forward(t.n1, f.n1, l.k, none, t.k, name + "/k_proj");
+  f.fv = lora_forward(t.n1, f.n1, l.v, none, t.v, name + "/v_proj");
+  f.q = f.fq.y, f.k = f.fk.y, f.v = f.fv.y;
+  f.qr = rope_variance(t.q, f.q, s, s.heads, 1.0, act, acc);
+  f.kr = rope_variance(t.k, f.k, s, s.kv_heads, 1.0, act, acc);
+  store(name + "/rope", t.qr);
+  store(name + "/rope", t.kr);
+
+  double max_score = 0;
+  f.attn = attention_forward_variance(t.qr, t.kr, t.v, f.qr, f.kr, f.v, s, act, acc, &max_score);
+  store(name + "/attention_scores", Matrix::Constant(1, 1, max_score));
+  store(name + "/attention", t.attn);
+  f.fo = lora_forward(t.attn, f.attn, l.o, none, t.h - x, name + "/o_proj");
+  f.h = plus(var_x, f.fo.y) + rounding_variance(t.h, act);
+  store(name + "/residual", t.h);
+  f.n2 = rmsnorm_variance(t.h, f.h, l.post_attention_norm, act, acc);
+  store(name + "/post_attention_norm", t.n2);
+  f.fgate = lora_forward(t.n2, f.n2, l.gate, none, t.mlp.e, name + "/gate_proj");
+  f.fup = lora_forward(t.n2, f.n2, l.up, none, t.mlp.g, name + "/up_proj");
+  f.e = f.fgate.y, f.g = f.fup.y;
+  const Matrix hm = swiglu(t.mlp.e, t.mlp.g);
+  // e and g both carry n2's error: correlated, bounded by twice the sum of their variances.
+  f.hm = swiglu_variance(t.mlp.e, t.mlp.g, f.e, f.g, act, acc, 2.0);
+  store(name + "/mlp/h", hm);
+  f.fdown = lora_forward(hm, f.hm, l.down, none, t.out - t.h, name + "/down_proj");
+  f.out = f.h + f.fdown.y + rounding_variance(t.out, act);
+  store(name + "/output", t.out);
+  return f;
+}
+
+LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matrix& dy,
+                                const Layer& l, const AttentionShape& s, const LayerGrads& grads,
+                                const std::string& name) {
+  const Format &act = p_.activation, &acc = p_.accumulate;
+  const Dropout none;
+  const Matrix exact;
+  const LayerForward f = layer_forward(t, x, exact, l, s, name);
+  LayerNoise n;
+  n.out = f.out;
+
+  // The MLP's backward on n2 (with its variance) from the exact dy.
+  const Matrix hm = swiglu(t.mlp.e, t.mlp.g);
+  n.down =
+      lora_backward(hm, f.hm, dy, exact, l.down, none, f.fdown, grads.down, name + "/down_proj");
+  const auto sg =
+      swiglu_backward_variance(t.mlp.e, t.mlp.g, grads.down.dx, f.e, f.g, n.down.dx, act, acc, 2.0);
+  store(name + "/mlp/dh", grads.down.dx);
+  n.up =
+      lora_backward(t.n2, f.n2, sg.dg, sg.var_dg, l.up, none, f.fup, grads.up, name + "/up_proj");
+  n.gate = lora_backward(t.n2, f.n2, sg.de, sg.var_de, l.gate, none, f.fgate, grads.gate,
+                         name + "/gate_proj");
+  const Matrix dn2 = grads.up.dx + grads.gate.dx;
+  const Matrix var_dn2 = n.up.dx + n.gate.dx + rounding_variance(dn2, act);
+
+  // dh = dy + RMSNorm'(h) dn2.
+  const Matrix dh = dy + rmsnorm_backward(t.h, dn2, l.post_attention_norm);
+  const Matrix var_dh =
+      rmsnorm_backward_variance(t.h, f.h, dn2, var_dn2, l.post_attention_norm, act, acc) +
+      rounding_variance(dh - dy, act) + rounding_variance(dh, act);
+  store(name + "/residual.grad", dh);
+  n.o = lora_backward(t.attn, f.attn, dh, var_dh, l.o, none, f.fo, grads.o, name + "/o_proj");
+
+  const auto at = attention_backward_variance(t.qr, t.kr, t.v, grads.o.dx, f.qr, f.kr, f.v, n.o.dx,
+                                              s, act, acc);
+  const Matrix &dq_rot = at.dq_value, &dk_rot = at.dk_value, &dv = at.dv_value;
+  const Matrix &var_dq_rot = at.dq, &var_dk_rot = at.dk, &var_dv = at.dv;
+  store(name + "/attention.grad", dq_rot);
+  // Through the rotary embedding's transpose.
+  const Matrix dq = rope_backward(dq_rot, s, s.heads), dk = rope_backward(dk_rot, s, s.kv_heads);
+  const Matrix var_dq = rope_variance(dq_rot, var_dq_rot, s, s.heads, -1.0, act, acc);
+  const Matrix var_dk = rope_variance(dk_rot, var_dk_rot, s, s.kv_heads, -1.0, act, acc);
+  n.q = lora_backward(t.n1, f.n1, dq, var_dq, l.q, none, f.fq, grads.q, name + "/q_proj");
+  n.k = lora_backward(t.n1, f.n1, dk, var_dk, l.k, none, f.fk, grads.k, name + "/k_proj");
+  n.v = lora_backward(t.n1, f.n1, dv, var_dv, l.v, none, f.fv, grads.v, name + "/v_proj");
+  const Matrix dn1 = grads.q.dx + grads.k.dx + grads.v.dx;
+  const Matrix var_dn1 = n.q.dx + n.k.dx + n.v.dx +
+                         rounding_variance(grads.q.dx + grads.k.dx, act) +
+                         rounding_variance(dn1, act);
+  n.dx = var_dh + rmsnorm_backward_variance(x, exact, dn1, var_dn1, l.input_norm, act, acc) +
+         rounding_variance(grads.dx - dh, act) + rounding_variance(grads.dx, act);
+  return n;
+}
+
+Matrix RoundingNoise::token_losses(const CausalLm& m, const std::vector<int64_t>& tokens,
+                                   const std::vector<int64_t>& targets) {
+  const Format &act = p_.activation, &acc = p_.accumulate;
+  Matrix h(static_cast<int64_t>(tokens.size()), m.embedding.cols());
+  for (size_t t = 0; t < tokens.size(); ++t)
+    h.row(static_cast<int64_t>(t)) = m.embedding.row(tokens[t]);
+  Matrix var_h;  // the embedding rows are exact
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const auto tape = layer_tape(h, m.layers[i], m.shape);
+    var_h = layer_forward(tape, h, var_h, m.layers[i], m.shape, "layer" + std::to_string(i)).out;
+    h = tape.out;
+  }
+  const Matrix var_n = rmsnorm_variance(h, var_h, m.final_norm, act, acc);
+  const Matrix n = rmsnorm_forward(h, m.final_norm);
+  const Matrix logits = n * m.lm_head.transpose();
+  const Matrix var_logits =
+      product_variance(n, var_n, m.lm_head.transpose(), Matrix(), logits, acc) +
+      rounding_variance(logits, act);
+  store("logits", logits);
+  // loss_t = logsumexp(logits_t) - logits_t[target] in fp32: d loss / d logit = p - onehot.
+  Matrix var(logits.rows(), 1);
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+  for (int64_t t = 0; t < logits.rows(); ++t) {
+    const double mx = logits.row(t).maxCoeff();
+    const Eigen::RowVectorXd e = (logits.row(t).array() - mx).exp().matrix();
+    const double sum = e.sum();
+    double v = 0;
+    for (int64_t j = 0; j < logits.cols(); ++j) {
+      const double coef = e(j) / sum - (j == targets[t] ? 1.0 : 0.0);
+      v += coef * coef * var_logits(t, j);
+    }
+    const double loss = mx + std::log(sum) - logits(t, targets[t]);
+    // The sum of exponentials (relative), the logarithm and the final subtraction.
+    var(t, 0) = v + 2 * accumulation(acc, logits.cols()) + ua2 * (loss * loss + mx * mx + 1.0);
+  }
+  return var;
+}
+
+}  // namespace gradscope::reference

@@ -1,0 +1,236 @@
+// The rounding-noise model's propagation against finite-difference Jacobians: with every
+// format exact (no rounding of its own), each building block's output variance must be
+// sum_j J_ij^2 var_j for the reference op's Jacobian J, computed here by central differences
+// of the reference itself. Then the rounding terms: a value rounded once has u^2 v^2 plus the
+// subnormal term, and a product of exact inputs only its accumulation and output roundings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "reference/layer_reference.h"
+#include "reference/lora_reference.h"
+#include "reference/rounding_noise.h"
+
+namespace gradscope::reference {
+namespace {
+
+Matrix random_matrix(int64_t rows, int64_t cols, uint32_t seed, double scale = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, scale);
+  Matrix m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = normal(gen);
+  return m;
+}
+
+// Positive variances, one per element, spread over two decades.
+Matrix random_variance(int64_t rows, int64_t cols, uint32_t seed) {
+  return (random_matrix(rows, cols, seed).array() * 2.3).exp().matrix() * 1e-6;
+}
+
+// sum_j (d f_i / d x_j)^2 var_j by central differences of f at x.
+Matrix propagated(const std::function<Matrix(const Matrix&)>& f, const Matrix& x,
+                  const Matrix& var) {
+  const Matrix y = f(x);
+  Matrix out = Matrix::Zero(y.rows(), y.cols());
+  for (int64_t j = 0; j < x.size(); ++j) {
+    const double h = 1e-6 * std::max(1.0, std::abs(x.data()[j]));
+    Matrix up = x, down = x;
+    up.data()[j] += h;
+    down.data()[j] -= h;
+    const Matrix column = (f(up) - f(down)) / (2 * h);
+    out += column.cwiseAbs2() * var.data()[j];
+  }
+  return out;
+}
+
+// Relative agreement of two variance matrices, elementwise (a floor of 1e-12 of the largest).
+void expect_close(const Matrix& model, const Matrix& exact, double rtol, const char* what) {
+  ASSERT_EQ(model.rows(), exact.rows()) << what;
+  ASSERT_EQ(model.cols(), exact.cols()) << what;
+  const double scale = exact.cwiseAbs().maxCoeff();
+  ASSERT_GT(scale, 0) << what << ": the propagated variance is zero, nothing is checked";
+  for (int64_t i = 0; i < model.size(); ++i) {
+    const double m = model.data()[i], e = exact.data()[i];
+    ASSERT_NEAR(m, e, rtol * std::abs(e) + 1e-12 * scale) << what << " at flat index " << i;
+  }
+}
+
+const Format kExact{0, 0};
+
+Projection small_projection(int64_t in, int64_t out, int64_t r, uint32_t seed) {
+  Projection p;
+  p.weight_t = random_matrix(in, out, seed, 0.1);
+  p.bias = random_matrix(1, out, seed + 1, 0.1).row(0);
+  p.lora_A = random_matrix(r, in, seed + 2, 0.3);
+  p.lora_B = random_matrix(out, r, seed + 3, 0.3);
+  p.scaling = 1.7;
+  return p;
+}
+
+TEST(RoundingNoise, ProjectionPropagatesInputVariances) {
+  const int64_t m = 5, in = 7, out = 6;
+  const auto p = small_projection(in, out, 3, 11);
+  Dropout d;
+  d.p = 0.25;
+  d.mask = (random_matrix(m, in, 12).array() > -0.6).cast<double>().matrix();
+  const Matrix x = random_matrix(m, in, 13), dy = random_matrix(m, out, 14);
+  const Matrix var_x = random_variance(m, in, 15), var_dy = random_variance(m, out, 16);
+  RoundingNoise noise({kExact, kExact, kExact, kExact});
+  const auto y = lora_forward(x, p, d);
+  const auto fwd = noise.lora_forward(x, var_x, p, d, y, "p");
+  expect_close(fwd.y, propagated([&](const Matrix& v) { return lora_forward(v, p, d); }, x, var_x),
+               1e-6, "y from x");
+  const auto grads = lora_backward(x, dy, p, d);
+  // dx depends on dy only; dA and dB on both: check each input's share alone.
+  const Matrix none;
+  const auto from_dy = noise.lora_backward(x, none, dy, var_dy, p, d, fwd, grads, "p");
+  expect_close(
+      from_dy.dx,
+      propagated([&](const Matrix& v) { return lora_backward(x, v, p, d).dx; }, dy, var_dy), 1e-6,
+      "dx from dy");
+  expect_close(
+      from_dy.dA,
+      propagated([&](const Matrix& v) { return lora_backward(x, v, p, d).dA; }, dy, var_dy), 1e-6,
+      "dA from dy");
+  const auto fwd_exact = noise.lora_forward(x, none, p, d, y, "p");
+  const auto from_x = noise.lora_backward(x, var_x, dy, none, p, d, fwd, grads, "p");
+  expect_close(from_x.dA,
+               propagated([&](const Matrix& v) { return lora_backward(v, dy, p, d).dA; }, x, var_x),
+               1e-6, "dA from x");
+  // dB = s dY^T (X_d A^T): x reaches it through the forward's X_d A^T.
+  expect_close(from_x.dB,
+               propagated([&](const Matrix& v) { return lora_backward(v, dy, p, d).dB; }, x, var_x),
+               1e-6, "dB from x");
+  EXPECT_EQ(fwd_exact.y.cwiseAbs().maxCoeff(), 0.0);  // exact inputs, exact formats: no noise
+}
+
+TEST(RoundingNoise, SwigluPropagatesBothInputs) {
+  const Matrix e = random_matrix(4, 5, 21, 3.0), g = random_matrix(4, 5, 22);
+  const Matrix var_e = random_variance(4, 5, 23), var_g = random_variance(4, 5, 24);
+  const Matrix none;
+  expect_close(swiglu_variance(e, g, var_e, Matrix::Zero(4, 5), kExact, kExact),
+               propagated([&](const Matrix& v) { return swiglu(v, g); }, e, var_e), 1e-6,
+               "h from e");
+  expect_close(swiglu_variance(e, g, Matrix::Zero(4, 5), var_g, kExact, kExact),
+               propagated([&](const Matrix& v) { return swiglu(e, v); }, g, var_g), 1e-6,
+               "h from g");
+  const Matrix dh = random_matrix(4, 5, 25), var_dh = random_variance(4, 5, 26);
+  const auto de_of = [&](const Matrix& ev, const Matrix& gv, const Matrix& dhv) {
+    return swiglu_backward_variance(ev, gv, dhv, Matrix::Zero(4, 5), Matrix::Zero(4, 5),
+                                    Matrix::Zero(4, 5), kExact, kExact);
+  };
+  const auto from_e = swiglu_backward_variance(e, g, dh, var_e, Matrix::Zero(4, 5),
+                                               Matrix::Zero(4, 5), kExact, kExact);
+  expect_close(from_e.var_de,
+               propagated([&](const Matrix& v) { return de_of(v, g, dh).de; }, e, var_e), 1e-5,
+               "de from e");
+  expect_close(from_e.var_dg,
+               propagated([&](const Matrix& v) { return de_of(v, g, dh).dg; }, e, var_e), 1e-5,
+               "dg from e");
+  const auto from_dh = swiglu_backward_variance(e, g, dh, Matrix::Zero(4, 5), Matrix::Zero(4, 5),
+                                                var_dh, kExact, kExact);
+  expect_close(from_dh.var_de,
+               propagated([&](const Matrix& v) { return de_of(e, g, v).de; }, dh, var_dh), 1e-6,
+               "de from dh");
+}
+
+TEST(RoundingNoise, RmsNormForwardAndBackward) {
+  RmsNorm norm{random_matrix(1, 6, 31, 0.2).row(0).array() + 1.0, 1e-5};
+  Matrix x = random_matrix(3, 6, 32);
+  x(1, 2) = 40.0;  // an outlier channel: the mean's path dominates its row
+  const Matrix var_x = random_variance(3, 6, 33), dy = random_matrix(3, 6, 34);
+  const Matrix var_dy = random_variance(3, 6, 35);
+  const Matrix none;
+  expect_close(rmsnorm_variance(x, var_x, norm, kExact, kExact),
+               propagated([&](const Matrix& v) { return rmsnorm_forward(v, norm); }, x, var_x),
+               1e-5, "rmsnorm from x");
+  expect_close(
+      rmsnorm_backward_variance(x, none, dy, var_dy, norm, kExact, kExact),
+      propagated([&](const Matrix& v) { return rmsnorm_backward(x, v, norm); }, dy, var_dy), 1e-5,
+      "rmsnorm backward from dy");
+  expect_close(rmsnorm_backward_variance(x, var_x, dy, none, norm, kExact, kExact),
+               propagated([&](const Matrix& v) { return rmsnorm_backward(v, dy, norm); }, x, var_x),
+               1e-5, "rmsnorm backward from x");
+}
+
+TEST(RoundingNoise, RopeAndItsTranspose) {
+  AttentionShape s{1, 4, 2, 2, 4};
+  s.position_offset = 3000;
+  const Matrix x = random_matrix(4, 8, 41), var_x = random_variance(4, 8, 42);
+  expect_close(rope_variance(x, var_x, s, 2, 1.0, kExact, kExact),
+               propagated([&](const Matrix& v) { return rope_forward(v, s, 2); }, x, var_x), 1e-6,
+               "rope");
+  expect_close(rope_variance(x, var_x, s, 2, -1.0, kExact, kExact),
+               propagated([&](const Matrix& v) { return rope_backward(v, s, 2); }, x, var_x), 1e-6,
+               "rope backward");
+}
+
+// A row's query error (and, in the backward, its output gradient's) reaches every score of
+// the row at once: there the model takes a Cauchy-Schwarz bound over the keys instead of the
+// exact sum (docs/verification.md). A bound must hold at every element and, summed over the
+// block, stay within a small factor of the exact first-order variance.
+void expect_bound(const Matrix& model, const Matrix& exact, const char* what) {
+  for (int64_t i = 0; i < model.size(); ++i) {
+    EXPECT_GE(model.data()[i], exact.data()[i] * (1 - 1e-6)) << what << " at flat index " << i;
+  }
+  EXPECT_LE(model.sum(), 8.0 * exact.sum()) << what;
+}
+
+TEST(RoundingNoise, AttentionForwardAndBackward) {
+  const AttentionShape s{1, 5, 2, 1, 4};  // two query heads share one key/value head
+  const Matrix q = random_matrix(5, 8, 51), k = random_matrix(5, 4, 52),
+               v = random_matrix(5, 4, 53);
+  const Matrix dout = random_matrix(5, 8, 54);
+  const Matrix vq = random_variance(5, 8, 55), vk = random_variance(5, 4, 56);
+  const Matrix vv = random_variance(5, 4, 57), vdo = random_variance(5, 8, 58);
+  const Matrix z8 = Matrix::Zero(5, 8), z4 = Matrix::Zero(5, 4);
+  const auto fwd = [&](const Matrix& qv, const Matrix& kv, const Matrix& vv2) {
+    return attention_forward(qv, kv, vv2, s);
+  };
+  expect_close(attention_forward_variance(q, k, v, z8, z4, vv, s, kExact, kExact),
+               propagated([&](const Matrix& m) { return fwd(q, k, m); }, v, vv), 1e-5, "o from v");
+  expect_close(attention_forward_variance(q, k, v, z8, vk, z4, s, kExact, kExact),
+               propagated([&](const Matrix& m) { return fwd(q, m, v); }, k, vk), 1e-5, "o from k");
+  expect_bound(attention_forward_variance(q, k, v, vq, z4, z4, s, kExact, kExact),
+               propagated([&](const Matrix& m) { return fwd(m, k, v); }, q, vq), "o from q");
+  const auto bwd = [&](const Matrix& dov) { return attention_backward(q, k, v, dov, s); };
+  const auto from_dout =
+      attention_backward_variance(q, k, v, dout, z8, z4, z4, vdo, s, kExact, kExact);
+  expect_close(from_dout.dv, propagated([&](const Matrix& m) { return bwd(m).dv; }, dout, vdo),
+               1e-5, "dv from dout");
+  expect_close(from_dout.dk, propagated([&](const Matrix& m) { return bwd(m).dk; }, dout, vdo),
+               1e-5, "dk from dout (two heads summed)");
+  expect_bound(from_dout.dq, propagated([&](const Matrix& m) { return bwd(m).dq; }, dout, vdo),
+               "dq from dout");
+  const auto from_v = attention_backward_variance(q, k, v, dout, z8, z4, vv, z8, s, kExact, kExact);
+  expect_close(
+      from_v.dq,
+      propagated([&](const Matrix& m) { return attention_backward(q, k, m, dout, s).dq; }, v, vv),
+      1e-5, "dq from v");
+}
+
+TEST(RoundingNoise, RoundingTermsOfOneProjection) {
+  // Exact inputs and exact weights in a format with u = 2^-11 and no subnormal term: the
+  // output's variance is the weight rounding (u^2 sum_k x_k^2 W_kj^2) plus the stored
+  // results, never zero, and it scales with u^2.
+  const auto p = small_projection(8, 4, 2, 61);
+  const Matrix x = random_matrix(3, 8, 62);
+  const Dropout none;
+  const Format half{0x1.0p-11, 0};
+  const Format acc{0, 0};
+  RoundingNoise a({half, half, half, acc}),
+      b({Format{0x1.0p-12, 0}, Format{0x1.0p-12, 0}, Format{0x1.0p-12, 0}, acc});
+  const Matrix y = lora_forward(x, p, none);
+  const Matrix va = a.lora_forward(x, Matrix(), p, none, y, "p").y;
+  const Matrix vb = b.lora_forward(x, Matrix(), p, none, y, "p").y;
+  const Matrix weight_term = (x.cwiseAbs2() * p.weight_t.cwiseAbs2()) * std::pow(0x1.0p-11, 2);
+  for (int64_t i = 0; i < va.size(); ++i) {
+    EXPECT_GE(va.data()[i], weight_term.data()[i]);
+    EXPECT_NEAR(va.data()[i] / vb.data()[i], 4.0, 1e-9);  // halving u quarters every term
+  }
+}
+
+}  // namespace
+}  // namespace gradscope::reference
