@@ -1,0 +1,160 @@
+// The verdict states end to end through the CLI (docs/verification.md): a result the formats
+// cannot hold is invalid (exit 2), an overflowing baseline leaves prod to the floor, prod's
+// scaling and output dtype are its own and are judged.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "cli_capture.h"
+#include "gradscope/faults.h"
+#include "harness/cli.h"
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+const auto run = testing::run_captured;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+const nlohmann::json* find_check(const nlohmann::json& report, const std::string& suffix) {
+  for (const auto& c : report["cases"]) {
+    for (const auto& check : c["checks"]) {
+      const std::string path = check["path"];
+      if (path.size() >= suffix.size() &&
+          path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        return &check;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// fp16 activations, fp32 adapters, 4096 tokens: the true lora_A.grad reaches ~7e4 (> fp16's
+// 65504). The same-dtype baseline overflows; prod keeps the adapter path in fp32 and is judged
+// against the floor alone.
+TEST(Verdicts, AdapterGradientsBeyondFp16PassWhenProdKeepsThemInFp32) {
+  testing::TempDir dir;
+  const auto file = dir.write("w.toml", R"(kind = "lora_w"
+dtype = "fp16"
+in_features = 1024
+out_features = 2048
+rank = 2
+alpha = 64.0
+batch = 4
+seq = 1024
+seed = 3
+)");
+  const auto r = run({"run", file, "--quiet", "--json", dir.path("r.json")});
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto report = read_json(dir.path("r.json"));
+  const auto* da = find_check(report, "o_proj/lora_A.grad");
+  ASSERT_NE(da, nullptr);
+  EXPECT_EQ((*da)["status"], "pass");
+  EXPECT_TRUE((*da)["max_abs"].is_number()) << *da;  // finite: JSON has no inf
+  EXPECT_NE((*da)["note"].get<std::string>().find("prod is judged against the floor alone"),
+            std::string::npos)
+      << (*da)["note"];
+  // The fault that rounds the adapter path to fp16 (the former behaviour) overflows: a failure.
+  const ScopedFault fault(Fault::kAdapterPathInActivationDtype);
+  const auto bad = run({"run", file, "--quiet"});
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("o_proj/lora_A.grad: prod has"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("the exact result is finite and within fp32 range"), std::string::npos)
+      << bad.out;
+}
+
+TEST(Verdicts, AnOutputBeyondItsDtypeIsInvalidNotAFailure) {
+  testing::TempDir dir;
+  const auto r = run({"run", dir.write("w.toml", R"(kind = "lora_w"
+dtype = "fp16"
+rank = 1
+alpha = 1000000.0
+)")});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("INVALID  lora_w.fp16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("o_proj/output: out of range for fp16: the exact value reaches |ref| = "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("beyond fp16's largest finite value 65504"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 invalid (not judged: exit 2)"), std::string::npos) << r.out;
+}
+
+TEST(Verdicts, AnInputBeyondItsDtypeIsInvalid) {
+  testing::TempDir dir;
+  const auto r = run({"run", dir.write("w.toml", R"(kind = "lora_w"
+dtype = "fp16"
+loss_scale = 1000000.0
+)")});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("input dy reaches |dy| = "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("out of range for its dtype"), std::string::npos) << r.out;
+}
+
+// The judges derive rsLoRA's scaling from the case; prod takes it from the production
+// library. A wrong formula there moves prod alone, and the gate sees it.
+TEST(Verdicts, AWrongScalingFormulaInTheLibraryFails) {
+  testing::TempDir dir;
+  const auto file = dir.write("w.toml", R"(kind = "lora_w"
+dtype = "fp32"
+rslora = true
+rank = 16
+)");
+  EXPECT_EQ(run({"run", file, "--quiet"}).code, 0);
+  const ScopedFault fault(Fault::kLoraScalingIgnoresRslora);
+  const auto r = run({"run", file, "--quiet"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("o_proj/output: |prod - ref|"), std::string::npos) << r.out;
+}
+
+TEST(Verdicts, AnOutputInTheWrongDtypeFails) {
+  testing::TempDir dir;
+  const ScopedFault fault(Fault::kLoraOutputFloat32);
+  const auto r =
+      run({"run", dir.write("w.toml", "kind = \"lora_w\"\ndtype = \"bf16\"\n"), "--quiet"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("o_proj/output: the values for attribute 'dtype' do not match: prod is "
+                       "fp32, expected bf16"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(Verdicts, ProfilesAndPositionsAreCaseFields) {
+  testing::TempDir dir;
+  const auto r = run({"run", dir.write("l.toml", R"(kind = "layer"
+profile = "realistic"
+position_offset = 5
+)")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("position_offset must be 0 with profile realistic"), std::string::npos)
+      << r.err;
+  const auto one = run({"run", dir.write("s.toml", "kind = \"layer\"\nseq = 1\n")});
+  EXPECT_EQ(one.code, 2);
+  EXPECT_NE(one.err.find("seq must be at least 2 for kind layer"), std::string::npos) << one.err;
+}
+
+TEST(Sampler, DrawsValidCasesAndReplaysThemFromFiles) {
+  testing::TempDir dir;
+  const auto r = run({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant",
+                      "--cases-out", dir.path("cases"), "--json", dir.path("s.json")});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sample summary: 12 cases run"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 false alarms"), std::string::npos) << r.out;
+  // The same seed draws the same cases; each case file replays its case.
+  const auto again = run({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant"});
+  EXPECT_EQ(again.out.substr(again.out.find("sample summary")),
+            r.out.substr(r.out.find("sample summary")));
+  const auto replay = run({"run", dir.path("cases/case-00003.toml"), "--quiet"});
+  EXPECT_EQ(replay.code, 0) << replay.out;
+  const auto bad = run({"sample", "--kinds", "nope"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("the sampler draws no kind 'nope'"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace gradscope
