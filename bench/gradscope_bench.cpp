@@ -22,9 +22,9 @@
 
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
-#include "harness/aten_baseline.h"
-#include "harness/cli_parse.h"
-#include "reports/atomic_file.h"
+#include "harness/baseline/aten_baseline.h"
+#include "harness/common/cli_parse.h"
+#include "reports/output_file.h"
 
 namespace gradscope::bench {
 namespace {
@@ -377,6 +377,6 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "dequant")
     gradscope::bench::bench_dequant(quick, repeats, dequant_filter, rows);
   if (only.empty() || only == "ops") gradscope::bench::bench_ops(quick, repeats, rows);
-  if (!json_path.empty()) gradscope::report::write_file_atomically(json_path, rows.dump(2) + "\n");
+  if (!json_path.empty()) gradscope::report::write_output_file(json_path, rows.dump(2) + "\n");
   return 0;
 }

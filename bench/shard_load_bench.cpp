@@ -25,11 +25,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "harness/checkpoint_shards.h"
-#include "harness/cli_parse.h"
-#include "harness/dtype_names.h"
-#include "harness/file_system.h"
-#include "reports/atomic_file.h"
+#include "harness/checkpoint/checkpoint_shards.h"
+#include "harness/checkpoint/checkpoint_writer.h"
+#include "harness/common/cli_parse.h"
+#include "harness/common/dtype_names.h"
+#include "harness/common/file_system.h"
+#include "reports/output_file.h"
 
 namespace gradscope::bench {
 namespace {
@@ -267,7 +268,7 @@ int main(int argc, char** argv) {
         "before loading: anonymous memory plus the touched pages of the mapped file; device = "
         "torch's allocator peak; held = the rank's shards; ratio = sharded / whole)\n",
         view_name.c_str());
-    if (!json_path.empty()) report::write_file_atomically(json_path, rows.dump(2) + "\n");
+    if (!json_path.empty()) report::write_output_file(json_path, rows.dump(2) + "\n");
   } catch (const std::exception& ex) {
     std::cerr << "gradscope_shard_load_bench: error: " << ex.what() << "\n";
     return 2;

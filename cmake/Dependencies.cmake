@@ -24,7 +24,7 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 
 # toml++ is used header-only: Debian puts it in /usr/include, the GPU machine
-# gets the headers carried in .devdeps (see shared device notes).
+# gets the headers carried in .devdeps (scripts/fill-devdeps.sh; docs/building.md).
 find_path(GRADSCOPE_TOMLPP_INCLUDE_DIR toml++/toml.h HINTS ${CMAKE_SOURCE_DIR}/.devdeps/usr/include)
 if(NOT GRADSCOPE_TOMLPP_INCLUDE_DIR)
   message(FATAL_ERROR "gradscope: toml++ not found (apt-get install libtomlplusplus-dev)")

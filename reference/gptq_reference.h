@@ -1,4 +1,4 @@
-// fp64 reference for the GPTQ format, written from shared/docs/gptq-format.md.
+// fp64 reference for the GPTQ format, written from docs/gptq-format.md.
 // It is the judge: plain integer arrays and Eigen, no torch, no kernels/ code.
 #pragma once
 

@@ -1,4 +1,4 @@
-// fp64 reference of the fused LoRA ops (shared/docs/lora-math.md): forward and
+// fp64 reference of the fused LoRA ops (docs/lora-math.md): forward and
 // hand-written backward on Eigen matrices, rows = tokens. Checked against finite
 // differences in tests/lora_reference_test.cpp.
 #pragma once

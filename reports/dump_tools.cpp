@@ -38,7 +38,9 @@ void show_dump(std::ostream& out, const Dump& dump, const std::string& file,
   };
   const bool any = std::any_of(dump.datasets.begin(), dump.datasets.end(),
                                [&](const DumpDataset& d) { return selected(d.path); });
-  if (!any) throw DumpError(file + ": no group or dataset " + path);
+  // The whole of a dump with no tensors (every case passed under --dump-failing-only) is
+  // shown as such; only a path that names nothing is an error.
+  if (!any && !path.empty()) throw DumpError(file + ": no group or dataset " + path);
   if (path.empty()) {
     out << file << ": gradscope dump";
     for (const auto& [k, v] : dump.attributes) out << (k == "format" ? "" : "\n  " + k + " = " + v);
@@ -113,14 +115,17 @@ DiffResult diff_dumps(std::ostream& out, const Dump& a, const std::string& a_fil
     double max_abs = 0, sum_abs = 0, diff_sq = 0, ref_sq = 0;
     if (within) {
       for (size_t k = 0; k < x.values.size(); ++k) {
-        // Equal values (infinities too) differ by 0; a NaN on either side differs by NaN,
-        // which the max keeps so the line cannot read as a small difference.
-        const double d = x.values[k] == y.values[k] ? 0.0 : std::abs(x.values[k] - y.values[k]);
+        // Equal values (infinities too) and NaN at the same element on both sides differ by
+        // 0; a NaN on one side only differs by NaN, which the max keeps so the line cannot
+        // read as a small difference.
+        const bool same =
+            x.values[k] == y.values[k] || (std::isnan(x.values[k]) && std::isnan(y.values[k]));
+        const double d = same ? 0.0 : std::abs(x.values[k] - y.values[k]);
         max_abs = std::isnan(d) || std::isnan(max_abs) ? std::nan("") : std::max(max_abs, d);
         sum_abs += d;
         diff_sq += d * d;
-        ref_sq += y.values[k] * y.values[k];
-        within = within && d <= atol + rtol * std::abs(y.values[k]);
+        if (std::isfinite(y.values[k])) ref_sq += y.values[k] * y.values[k];
+        within = within && (same || d <= atol + rtol * std::abs(y.values[k]));
       }
     }
     const double mean_abs = x.values.empty() ? 0 : sum_abs / x.values.size();

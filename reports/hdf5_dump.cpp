@@ -1,6 +1,7 @@
 #include "reports/hdf5_dump.h"
 
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <sstream>
 #include <type_traits>
 #include <variant>
+
+#include "reports/output_file.h"
 
 namespace gradscope::report {
 namespace {
@@ -32,8 +35,14 @@ class Handle {
 };
 
 // HDF5 prints its own error stack to stderr by default; errors here become exceptions.
+// Before libhdf5's first use. Its exit handler would close every file still in its ID
+// table, and a file whose close failed (a full disk) stays there: libhdf5 1.10 then crashes
+// at exit. gradscope closes what it opens itself, so the handler is not installed.
 struct QuietErrors {
-  QuietErrors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+  QuietErrors() {
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
 };
 
 void check(herr_t status, const std::string& what) {
@@ -42,17 +51,20 @@ void check(herr_t status, const std::string& what) {
 
 class Writer {
  public:
-  explicit Writer(const std::string& path) : path_(path) {
+  // Builds the file in memory (HDF5's core driver) and writes it to `file` (a staged
+  // temporary) in one pass at close(). Errors name `path`, the file the user asked for.
+  Writer(const std::string& file, const std::string& path) : path_(path) {
     static const QuietErrors quiet;
     // The 1.8+ file format checksums every metadata block (superblock v2+, object
     // headers v2): the reader can then refuse a corrupted dump instead of walking it.
     const Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+    H5Pset_fapl_core(fapl.get(), size_t{1} << 20, /*backing_store=*/true);
     // Version 2 object headers store timestamps unless told not to, the root's too.
     const Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
     H5Pset_obj_track_times(fcpl.get(), false);
-    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
-    if (file_ < 0) throw DumpError("cannot create " + path);
+    file_ = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
+    if (file_ < 0) throw DumpError("cannot create " + path + " (disk full or file too large?)");
     gcpl_ = H5Pcreate(H5P_GROUP_CREATE);
     H5Pset_obj_track_times(gcpl_, false);
   }
@@ -60,9 +72,12 @@ class Writer {
     H5Pclose(gcpl_);
     if (file_ >= 0) H5Fclose(file_);
   }
+  // Writes the file out and closes it; a failure (a full disk) names the file. The handle is
+  // given up first: HDF5 must not be asked to close it twice.
   void close() {
-    check(H5Fclose(file_), "cannot close " + path_);
+    const hid_t file = file_;
     file_ = -1;
+    check(H5Fclose(file), "cannot write " + path_ + " (disk full or file too large?)");
   }
 
   // Creates every missing group along `path` (each without timestamps).
@@ -217,10 +232,22 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
 
 std::string read_attribute(hid_t attr) {
   const Handle type(H5Aget_type(attr), H5Tclose);
+  // One value per attribute: an array attribute (not ours) would overflow the buffers below.
+  const Handle space(H5Aget_space(attr), H5Sclose);
+  if (!space.ok() || H5Sget_simple_extent_npoints(space.get()) != 1) return "";
   if (H5Tget_class(type.get()) == H5T_STRING) {
-    // gradscope writes fixed-length strings; a variable-length one would hand back a
-    // pointer to memory libhdf5 allocated (not a dump of ours).
-    if (H5Tis_variable_str(type.get()) != 0 || H5Tget_size(type.get()) > (1u << 20)) return "";
+    if (H5Tis_variable_str(type.get()) > 0) {
+      // h5py writes str attributes as variable-length strings: libhdf5 allocates the value.
+      const Handle memtype(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(memtype.get(), H5T_VARIABLE);
+      H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
+      char* value = nullptr;
+      if (H5Aread(attr, memtype.get(), &value) < 0 || value == nullptr) return "";
+      std::string out(value, strnlen(value, 1u << 20));
+      H5free_memory(value);
+      return out;
+    }
+    if (H5Tget_size(type.get()) > (1u << 20)) return "";
     std::string value(H5Tget_size(type.get()), '\0');
     if (H5Aread(attr, type.get(), value.data()) < 0) return "";
     return value.substr(0, value.find('\0'));
@@ -260,7 +287,14 @@ struct VisitState {
   hid_t file;
   std::string error;
   size_t file_bytes = 0;
+  size_t decoded_bytes = 0;  // of every dataset read so far
 };
+
+size_t decoded_bytes_cap() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return size_t{8} << 30;
+  return static_cast<size_t>(pages) * static_cast<size_t>(page) / 2;
+}
 
 herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
   auto* state = static_cast<VisitState*>(data);
@@ -299,6 +333,16 @@ herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
     }
     count *= v;
   }
+  // A small compressed dataset can still decode to more than the machine holds: the reader
+  // keeps every value as fp64, and refuses (before allocating) a dump whose decoded values
+  // exceed half of physical memory.
+  state->decoded_bytes += count * sizeof(double);
+  if (state->decoded_bytes > decoded_bytes_cap()) {
+    state->error = "the datasets up to " + path + " decode to " +
+                   std::to_string(state->decoded_bytes >> 20) + " MiB, more than half of this " +
+                   "machine's memory (" + std::to_string(decoded_bytes_cap() >> 20) + " MiB)";
+    return -1;
+  }
   d.values.resize(count);
   if (count > 0 &&
       H5Dread(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.values.data()) < 0) {
@@ -316,22 +360,22 @@ herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
 
 namespace {
 
-// The whole file or nothing: `fill` writes into a temporary file renamed over `path`.
+// The whole file or nothing: `fill` builds the file in memory, whose bytes go to a staged
+// temporary renamed over `path` (reports/output_file.h). A device or FIFO is refused: the
+// output is a file to open later, not a stream.
 template <typename Fill>
 void write_atomically(const std::string& path, Fill&& fill) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  try {
-    Writer w(tmp);
+  if (output_target(path) != OutputTarget::kRegularFile) {
+    throw DumpError("cannot write " + path +
+                    ": an HDF5 file must be a regular file, not a device or pipe");
+  }
+  StagedFile staged(path);
+  {
+    Writer w(staged.temp_path(), path);
     fill(w);
     w.close();
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw DumpError("cannot write " + path);
-  }
+  staged.commit();
 }
 
 }  // namespace
@@ -366,6 +410,11 @@ void write_arrays(const std::string& path, const std::map<std::string, std::stri
 Dump read_dump(const std::string& path) {
   static const QuietErrors quiet;
   if (::access(path.c_str(), R_OK) != 0) throw DumpError(path + ": file not found or unreadable");
+  // Opening a FIFO would block until a writer appears; a folder is no dump either.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw DumpError(path + ": not a regular file (a dump is an HDF5 file)");
+  }
   if (H5Fis_hdf5(path.c_str()) <= 0) throw DumpError(path + ": not an HDF5 file");
   // libhdf5 trusts unchecksummed (version 0/1) metadata and can crash on a corrupt file
   // (the dump-reader fuzzer found a SEGV): only the checksummed format gradscope writes
@@ -393,7 +442,15 @@ Dump read_dump(const std::string& path) {
     throw DumpError(path + ": not a gradscope dump (root attribute format != \"" +
                     std::string(kDumpFormat) + "\")");
   }
-  VisitState state{&dump, file.get(), "", 0};
+  const auto version = dump.attributes.find("schema_version");
+  const std::string expected_version = std::to_string(kDumpSchemaVersion);
+  if (version == dump.attributes.end() || version->second != expected_version) {
+    throw DumpError(
+        path + ": dump schema_version " +
+        (version == dump.attributes.end() ? std::string("missing") : "'" + version->second + "'") +
+        "; this gradscope reads version " + expected_version + " (docs/reports.md)");
+  }
+  VisitState state{&dump, file.get(), "", 0, 0};
   hsize_t file_bytes = 0;
   H5Fget_filesize(file.get(), &file_bytes);
   state.file_bytes = file_bytes;

@@ -1,5 +1,5 @@
 // HDF5 dumps of a run (`gradscope run --dump FILE.h5`) and the reader that `show` and
-// `diff` use. The layout is documented in reports/SCHEMA.md.
+// `diff` use. The layout is documented in docs/reports.md.
 #pragma once
 
 #include <map>

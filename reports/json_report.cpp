@@ -1,10 +1,20 @@
 #include "reports/json_report.h"
 
+#include <cmath>
+
 namespace gradscope::report {
 namespace {
 
+// JSON has no inf or NaN (nlohmann would write null, indistinguishable from "absent"):
+// non-finite values are the strings "inf", "-inf" and "nan" (docs/reports.md).
+nlohmann::ordered_json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
 nlohmann::ordered_json optional_number(const std::optional<double>& v) {
-  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  return v ? number(*v) : nlohmann::ordered_json(nullptr);
 }
 
 nlohmann::ordered_json spec_json(const SpecFields& spec) {
@@ -22,14 +32,14 @@ nlohmann::ordered_json check_json(const Check& c) {
                               {"compared", c.compared},
                               {"numel", c.numel},
                               {"mismatches", c.mismatches},
-                              {"max_abs", c.max_abs},
-                              {"mean_abs", c.mean_abs},
+                              {"max_abs", number(c.max_abs)},
+                              {"mean_abs", number(c.mean_abs)},
                               {"baseline_max_abs", optional_number(c.baseline_max_abs)},
                               {"baseline_mean_abs", optional_number(c.baseline_mean_abs)},
                               {"statistic", c.exact          ? "exact"
                                             : c.gate_on_mean ? "mean_abs"
                                                              : "max_abs"},
-                              {"limit", c.limit},
+                              {"limit", number(c.limit)},
                               {"floor", optional_number(c.floor)},
                               {"error_to_limit", optional_number(c.error_to_limit)},
                               {"floor_use", optional_number(c.floor_use)},
@@ -40,8 +50,8 @@ nlohmann::ordered_json check_json(const Check& c) {
   if (c.worst) {
     const auto& w = *c.worst;
     j["worst"] = {{"index", w.index},
-                  {"prod", w.prod},
-                  {"ref", w.ref},
+                  {"prod", number(w.prod)},
+                  {"ref", number(w.ref)},
                   {"ref_fp64", optional_number(w.ref_fp64)},
                   {"base", optional_number(w.base)},
                   {"detail", w.detail}};

@@ -72,8 +72,8 @@ if has_step fsdp; then
     echo "== fsdp_cuda, fsdp2_python_cuda: skipped, $gpu_count GPU(s), 2 needed" | tee -a "$OUT/summary.log"
     [[ " ${STEPS_REQUESTED:-} " == *" fsdp "* ]] && status=1
   else
-    # Capped apart (FSDP_SECONDS; the suite takes about 20 s, r17): a collective that hangs waits
-    # for NCCL's 120 s watchdog and then its abort (r21: 184 s), which would starve the steps
+    # Capped apart (FSDP_SECONDS; the suite takes about 20 s): a collective that hangs waits
+    # for NCCL's 120 s watchdog and then its abort (about 3 minutes), which would starve the steps
     # after it of the call's time.
     NCCL_DEBUG=${NCCL_DEBUG:-WARN} run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
     run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
@@ -154,7 +154,7 @@ if has_step memcheck && command -v compute-sanitizer >/dev/null; then
     "$BUILD_DIR/gradscope" run --suite smoke --device cuda --quiet --filter '*.fp16.*act*'
 fi
 if has_step profile; then
-  # Where the act-order dequant waits (issue #8): one launch each way, after two warm-ups.
+  # Where the act-order dequant waits: one launch each way, after two warm-ups.
   for act in on off; do
     run "profile_dequant_act_$act" ncu --kernel-name regex:dequant_gptq_kernel --launch-skip 2 \
       --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -5,9 +5,11 @@
 #include <set>
 #include <sstream>
 
-#include "harness/case_runner.h"
-#include "harness/case_spec.h"
-#include "harness/input_error.h"
+#include "harness/catalog/case_file.h"
+#include "harness/catalog/runner_registry.h"
+#include "harness/common/input_error.h"
+#include "harness/spec/case_runner.h"
+#include "harness/spec/case_spec.h"
 #include "test_files.h"
 
 namespace gradscope {
@@ -193,10 +195,10 @@ TEST(CaseFile, OverridesAreValidated) {
 namespace gradscope {
 namespace {
 
-// cases/README.md is the format's documentation: every field of every kind is in it.
+// docs/case-files.md is the format's documentation: every field of every kind is in it.
 TEST(CaseFile, EveryFieldIsDocumented) {
-  std::ifstream in(std::string(GRADSCOPE_TEST_CASES_DIR) + "/README.md");
-  ASSERT_TRUE(in) << "cases/README.md missing";
+  std::ifstream in(std::string(GRADSCOPE_TEST_CASES_DIR) + "/../docs/case-files.md");
+  ASSERT_TRUE(in) << "docs/case-files.md missing";
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const auto& kind : runner_kinds()) {
     bool heading = false;  // a "## " heading names the kind
@@ -206,7 +208,7 @@ TEST(CaseFile, EveryFieldIsDocumented) {
                 (line.rfind("## ", 0) == 0 && (line.find("\"" + kind + "\"") != std::string::npos ||
                                                line.find("`" + kind + "`") != std::string::npos));
     }
-    EXPECT_TRUE(heading) << kind << " has no section in cases/README.md";
+    EXPECT_TRUE(heading) << kind << " has no section in docs/case-files.md";
     for (const auto& field : schema_for_kind(kind)) {
       EXPECT_NE(doc.find("| `" + field.name + "` |"), std::string::npos)
           << kind << "." << field.name << " is not documented";

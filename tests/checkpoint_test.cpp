@@ -9,11 +9,12 @@
 #include <limits>
 
 #include "cli_capture.h"
-#include "harness/file_system.h"
-#include "harness/gptq_checkpoint.h"
-#include "harness/gptq_layer_gen.h"
-#include "harness/input_error.h"
-#include "harness/safetensors_file.h"
+#include "harness/checkpoint/checkpoint_reader.h"
+#include "harness/checkpoint/checkpoint_writer.h"
+#include "harness/checkpoint/safetensors_file.h"
+#include "harness/common/file_system.h"
+#include "harness/common/input_error.h"
+#include "harness/generate/gptq_layer_gen.h"
 #include "test_files.h"
 
 namespace gradscope {
@@ -306,6 +307,27 @@ TEST(CheckpointCli, RunDequantAndExport) {
   }
   EXPECT_FALSE(files::is_regular_file(dir.path("x.h5")));
   EXPECT_FALSE(files::is_directory(dir.path("e")));
+}
+
+// A layer stack on a checkpoint starts at the case's `layer`: layers = 2 from layer 0 of a
+// two-layer checkpoint reads layers 0 and 1 and runs; from layer 1 it would need layer 2.
+TEST(CheckpointCli, LayerStackStartsAtTheCaseLayer) {
+  TempDir dir;
+  const std::string fixture = kData + "/tiny-gptq-v2-3bit-sharded";
+  const auto stack = [&](int first) {
+    return dir.write("stack" + std::to_string(first) + ".toml",
+                     "kind = \"layer\"\nhidden = 64\nintermediate = 128\nheads = 2\n"
+                     "kv_heads = 1\nlayers = 2\nbits = 3\ngroup_size = 32\nsym = false\n"
+                     "format = \"gptq_v2\"\ncheckpoint = \"" +
+                         fixture + "\"\nlayer = " + std::to_string(first) + "\n");
+  };
+  const auto from0 = testing::run_captured({"run", stack(0), "--quiet"});
+  EXPECT_EQ(from0.code, 0) << from0.out << from0.err;
+  EXPECT_NE(from0.out.find("1 passed, 0 failed"), std::string::npos) << from0.out;
+  const auto from1 = testing::run_captured({"run", stack(1), "--quiet"});
+  EXPECT_EQ(from1.code, 2) << from1.out << from1.err;
+  EXPECT_NE((from1.out + from1.err).find("model.layers.2"), std::string::npos)
+      << from1.out << from1.err;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 
 namespace gradscope::testing {
 

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "cli_capture.h"
-#include "harness/cli.h"
-#include "harness/environment.h"
-#include "harness/file_system.h"
+#include "harness/cli/cli.h"
+#include "harness/cli/environment.h"
+#include "harness/common/file_system.h"
 #include "test_files.h"
 
 namespace gradscope {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/compare.h"
+#include "harness/verdict/compare.h"
 
 namespace gradscope {
 namespace {

@@ -1,4 +1,4 @@
-#include "harness/file_system.h"
+#include "harness/common/file_system.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -7,8 +7,10 @@
 #include <stdexcept>
 
 #include "gradscope/fsdp_shards.h"
-#include "harness/checkpoint_shards.h"
-#include "harness/thread_ranks.h"
+#include "harness/checkpoint/checkpoint_shards.h"
+#include "harness/checkpoint/checkpoint_writer.h"
+#include "harness/distributed/thread_ranks.h"
+#include "harness/verdict/compare.h"
 #include "test_files.h"
 
 namespace gradscope {
@@ -27,10 +29,6 @@ std::vector<at::Tensor> parameters() {
   words[1] = 0x00010001;                        // subnormal halves
   words[2] = static_cast<int32_t>(0xff817c01);
   return {words.view(at::kBFloat16).view({3, 10}), at::arange(15, at::kFloat).view({5, 3}) * 0.5};
-}
-
-at::Tensor bits(const at::Tensor& t) {
-  return t.contiguous().view(t.element_size() == 2 ? at::kShort : at::kInt);
 }
 
 class ShardedParametersTest : public ::testing::TestWithParam<ShardingStrategy> {};
@@ -55,7 +53,7 @@ TEST_P(ShardedParametersTest, ShardsReleaseGatherAndReduceScatter) {
       }
       sharded.gather();
       for (size_t i = 0; i < params.size(); ++i) {
-        EXPECT_TRUE(at::equal(bits(params[i]), bits(original[i]))) << "param " << i;
+        EXPECT_TRUE(at::equal(bit_pattern(params[i]), bit_pattern(original[i]))) << "param " << i;
       }
       // Rank r contributes (r + 1) * g: the sum is g * world (world + 1) / 2.
       std::vector<at::Tensor> grads;

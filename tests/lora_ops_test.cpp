@@ -5,7 +5,7 @@
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
 #include "gradscope/swiglu.h"
-#include "harness/aten_baseline.h"
+#include "harness/baseline/aten_baseline.h"
 
 namespace gradscope {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "cli_capture.h"
 #include "gradscope/faults.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "test_files.h"
 
 namespace gradscope {
@@ -35,6 +35,7 @@ TEST(LoraRunners, CleanKernelsPass) {
 
 TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
   testing::TempDir dir;
+  if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kDropoutRescaleMissing);
   const auto r = run({"run", dir.write("w.toml", kCases), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
@@ -45,6 +46,7 @@ TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
 
 TEST(LoraRunners, MissingScaleInDAFailsOnLoraAGrad) {
   testing::TempDir dir;
+  if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraScaleMissingInDA);
   const auto r = run({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;

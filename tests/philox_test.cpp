@@ -4,8 +4,8 @@
 #include <cmath>
 #include <set>
 
-#include "harness/philox.h"
-#include "harness/seeded_streams.h"
+#include "harness/generate/philox.h"
+#include "harness/generate/seeded_streams.h"
 
 namespace gradscope {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "gradscope/lora_ops.h"
 #include "gradscope/quant_linear.h"
-#include "harness/gptq_layer_gen.h"
+#include "harness/generate/gptq_layer_gen.h"
 
 namespace gradscope {
 namespace {

@@ -1,11 +1,11 @@
-// Temporary case files for tests; removed with the fixture (harness/file_system.h's
+// Temporary case files for tests; removed with the fixture (harness/common/file_system.h's
 // POSIX helpers, not std::filesystem: see there for why).
 #pragma once
 
 #include <fstream>
 #include <string>
 
-#include "harness/file_system.h"
+#include "harness/common/file_system.h"
 
 namespace gradscope::testing {
 

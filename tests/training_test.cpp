@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
-#include "harness/case_spec.h"
-#include "harness/input_error.h"
-#include "harness/tensor_bridge.h"
+#include "harness/catalog/case_file.h"
+#include "harness/common/input_error.h"
+#include "harness/common/tensor_bridge.h"
+#include "harness/spec/case_spec.h"
 #include "reference/causal_lm_reference.h"
 
 namespace gradscope {

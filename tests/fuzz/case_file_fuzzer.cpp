@@ -7,8 +7,9 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "harness/case_spec.h"
-#include "harness/input_error.h"
+#include "harness/catalog/case_file.h"
+#include "harness/common/input_error.h"
+#include "harness/spec/case_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "harness/input_error.h"
-#include "harness/safetensors_file.h"
+#include "harness/checkpoint/safetensors_file.h"
+#include "harness/common/input_error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

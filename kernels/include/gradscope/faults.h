@@ -1,6 +1,8 @@
 // Run-time fault switches: each turns one piece of production code into a known-
-// faulty variant without a rebuild, so the harness can prove it catches that bug.
-// Off by default; when off the cost is one relaxed atomic load at the switch point.
+// faulty variant without a rebuild, so the harness can prove it catches that bug
+// (docs/faults.md). Compiled in only with GRADSCOPE_WITH_FAULTS (the CMake option of that
+// name); then off by default and one relaxed atomic load at a switch point. Without it
+// fault_active() is constant false and the faulty variants are dead code.
 #pragma once
 
 #include <string>
@@ -49,11 +51,24 @@ struct FaultInfo {
   const char* caught_at;  // the check path (substring) a suite must fail on
 };
 
+#ifdef GRADSCOPE_WITH_FAULTS
+inline constexpr bool kFaultSwitchesCompiled = true;
+#else
+inline constexpr bool kFaultSwitchesCompiled = false;
+#endif
+
 const std::vector<FaultInfo>& fault_catalogue();
 // nullptr for an unknown name.
 const FaultInfo* find_fault(const std::string& name);
+// Throws std::logic_error for any fault but kNone on a build without the switches.
 void set_active_fault(Fault fault);
+#ifdef GRADSCOPE_WITH_FAULTS
 Fault active_fault();
+#else
+constexpr Fault active_fault() {
+  return Fault::kNone;
+}
+#endif
 inline bool fault_active(Fault fault) {
   return active_fault() == fault;
 }

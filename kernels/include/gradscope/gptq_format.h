@@ -1,5 +1,5 @@
 // GPTQ packed-weight format: quantize, pack, unpack, zero-point conventions.
-// Layout facts follow shared/docs/gptq-format.md; all functions here work on
+// Layout facts follow docs/gptq-format.md; all functions here work on
 // CPU tensors (format work happens once per layer, not per step) and return
 // tensors on the device of their input.
 #pragma once

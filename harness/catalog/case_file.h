@@ -1,0 +1,25 @@
+// Case files: TOML with [matrix] expansion, validated against the schema of the kind they
+// name (docs/case-files.md), and CLI overrides. Unknown keys, wrong types and out-of-range
+// values are InputErrors naming the file, line and key.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "harness/spec/case_spec.h"
+
+namespace gradscope {
+
+// Common fields followed by the kind's own.
+std::vector<FieldSpec> schema_for_kind(const std::string& kind);
+// Loads one case file; a [matrix] table of arrays expands into the cartesian
+// product. Each case is validated (field ranges and the runner's shape rules).
+std::vector<CaseSpec> load_case_file(const std::string& path);
+// The same for case-file text; `path` names it in errors and in CaseSpec::file.
+std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path);
+// Applies a CLI override (--dtype/--device/--seed) and re-validates the case.
+void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
+                    const std::string& flag);
+
+}  // namespace gradscope

@@ -1,0 +1,99 @@
+#include "harness/generate/gptq_layer_gen.h"
+
+#include <ATen/ATen.h>
+
+#include "harness/common/dtype_names.h"
+#include "harness/generate/seeded_streams.h"
+
+namespace gradscope {
+
+GptqGenSpec::GptqGenSpec(const CaseSpec& s)
+    : bits(static_cast<int>(s.get_int("bits"))),
+      group_size(static_cast<int>(s.get_int("group_size"))),
+      desc_act(s.get_bool("desc_act")),
+      static_groups(s.get_bool("static_groups")),
+      sym(s.get_bool("sym")),
+      format(parse_zero_point_format(s.get_string("format"))),
+      scales_dtype(dtype_from_name(s.get_string("scales_dtype"))) {}
+
+std::string GptqGenSpec::id_part() const {
+  std::string id = "b" + std::to_string(bits) + "g" +
+                   (group_size == -1 ? std::string("all") : std::to_string(group_size));
+  if (desc_act) id += static_groups ? ".act-static" : ".act";
+  id += format == ZeroPointFormat::kGptqV1 ? ".v1" : ".v2";
+  id += sym ? ".sym" : ".asym";
+  if (scales_dtype != at::kHalf) id += ".scales-bf16";
+  return id;
+}
+
+std::vector<FieldSpec> gptq_fields() {
+  const auto s = [](const char* v) { return report::SpecValue(std::string(v)); };
+  return {
+      FieldSpec("bits", FieldType::kInt, int64_t{4}, "bits per code")
+          .one_of({int64_t{2}, int64_t{3}, int64_t{4}, int64_t{8}}),
+      FieldSpec("group_size", FieldType::kInt, int64_t{128}, "rows per scale group; -1 = one group")
+          .in_range(-1, 1 << 20),
+      FieldSpec("desc_act", FieldType::kBool, false, "act-order: rows quantized in a seeded order"),
+      FieldSpec("static_groups", FieldType::kBool, false,
+                "with desc_act: g_idx stays k / group_size"),
+      FieldSpec("sym", FieldType::kBool, true, "symmetric quantization (zero (maxq + 1) / 2)"),
+      FieldSpec("format", FieldType::kString, s("gptq"), "zero-point convention")
+          .one_of({s("gptq"), s("gptq_v2")}),
+      FieldSpec("scales_dtype", FieldType::kString, s("fp16"), "dtype of the stored scales")
+          .one_of({s("fp16"), s("bf16")}),
+  };
+}
+
+void validate_gptq_fields(const CaseSpec& s) {
+  if (s.get_int("group_size") == 0)
+    throw_field_error(s, "group_size", "must be -1 or positive, got 0");
+  if (s.get_bool("static_groups") && !s.get_bool("desc_act")) {
+    throw_field_error(s, "static_groups", "only applies with desc_act = true");
+  }
+}
+
+void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::string& k_field,
+                         const std::string& n_field) {
+  const int bits = static_cast<int>(spec.get_int("bits"));
+  const int64_t multiple = packing_multiple(bits);
+  const std::string why =
+      bits == 3 ? " for 3-bit packing" : " to fill whole " + std::to_string(bits) + "-bit words";
+  if (K % multiple != 0) {
+    throw_field_error(spec, k_field,
+                      "must be a multiple of " + std::to_string(multiple) + why +
+                          " (qweight), got " + std::to_string(K));
+  }
+  if (N % multiple != 0) {
+    throw_field_error(spec, n_field,
+                      "must be a multiple of " + std::to_string(multiple) + why +
+                          " (qzeros), got " + std::to_string(N));
+  }
+}
+
+QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
+                                      int64_t N, const QuantizeOptions& options) {
+  const auto weight_t = normal_tensor(seed, prefix + "weight", {K, N}, 0.02).to(at::kFloat);
+  const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
+  return quantize_gptq(weight_t, order, options);
+}
+
+QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
+                                      int64_t N, const GptqGenSpec& spec) {
+  return quantize_seeded_layer(seed, prefix, K, N,
+                               quantize_options(spec.bits, spec.group_size, spec.sym, spec.desc_act,
+                                                spec.static_groups, spec.format));
+}
+
+QuantizeOptions quantize_options(int bits, int group_size, bool sym, bool desc_act,
+                                 bool static_groups, ZeroPointFormat format) {
+  QuantizeOptions options;
+  options.bits = bits;
+  options.group_size = group_size;
+  options.sym = sym;
+  options.desc_act = desc_act;
+  options.static_groups = static_groups;
+  options.min_zero = format == ZeroPointFormat::kGptqV1 ? 1 : 0;
+  return options;
+}
+
+}  // namespace gradscope

@@ -1,0 +1,94 @@
+#include "harness/generate/seeded_streams.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+namespace gradscope {
+namespace {
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// SplitMix64 finaliser: spreads seed and name hash over all key bits.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double to_open_unit(uint32_t high, uint32_t low) {
+  const uint64_t bits53 = ((static_cast<uint64_t>(high) << 32) | low) >> 11;
+  return (static_cast<double>(bits53) + 0.5) * 0x1.0p-53;
+}
+
+}  // namespace
+
+SeededStream::SeededStream(uint64_t seed, std::string_view name) {
+  const uint64_t k = mix64(mix64(seed) ^ fnv1a64(name));
+  key_ = {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
+}
+
+philox::Counter SeededStream::block(uint64_t index) const {
+  return philox::philox4x32_10(
+      {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 0u}, key_);
+}
+
+double SeededStream::uniform(uint64_t index) const {
+  const auto b = block(index);
+  return to_open_unit(b[0], b[1]);
+}
+
+double SeededStream::normal(uint64_t index) const {
+  const auto b = block(index);
+  const double u1 = to_open_unit(b[0], b[1]), u2 = to_open_unit(b[2], b[3]);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+uint64_t SeededStream::bits64(uint64_t index) const {
+  const auto b = block(index);
+  return (static_cast<uint64_t>(b[0]) << 32) | b[1];
+}
+
+at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape,
+                         double stddev) {
+  const SeededStream stream(seed, name);
+  auto t = at::empty(shape, at::kDouble);
+  double* p = t.data_ptr<double>();
+  // Element i depends on i alone, so threads cannot change the values.
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = stddev * stream.normal(i);
+  });
+  return t;
+}
+
+at::Tensor uniform_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape) {
+  const SeededStream stream(seed, name);
+  auto t = at::empty(shape, at::kDouble);
+  double* p = t.data_ptr<double>();
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = stream.uniform(i);
+  });
+  return t;
+}
+
+at::Tensor permutation(uint64_t seed, std::string_view name, int64_t n) {
+  const SeededStream stream(seed, name);
+  // Sort by a random key per element (ties by index): order-independent and exact.
+  std::vector<std::pair<uint64_t, int64_t>> keyed(n);
+  for (int64_t i = 0; i < n; ++i) keyed[i] = {stream.bits64(i), i};
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = keyed[i].second;
+  return at::tensor(order, at::kLong);
+}
+
+}  // namespace gradscope

@@ -1,0 +1,149 @@
+#include "harness/runners/decoder_stack.h"
+
+#include <ATen/ATen.h>
+
+#include "harness/common/tensor_bridge.h"
+#include "harness/generate/seeded_streams.h"
+
+namespace gradscope::decoder_stack {
+
+namespace tb = lora_testbed;
+
+std::vector<FieldSpec> fields() {
+  return {
+      FieldSpec("hidden", FieldType::kInt, int64_t{128}, "hidden size = heads * head_dim")
+          .in_range(1, 1 << 16),
+      FieldSpec("intermediate", FieldType::kInt, int64_t{256}, "MLP intermediate size")
+          .in_range(1, 1 << 17),
+      FieldSpec("heads", FieldType::kInt, int64_t{4}, "query heads").in_range(1, 1024),
+      FieldSpec("kv_heads", FieldType::kInt, int64_t{2}, "key/value heads (GQA)").in_range(1, 1024),
+      FieldSpec("layers", FieldType::kInt, int64_t{2}, "decoder layers in the stack")
+          .in_range(1, 128),
+      FieldSpec("position_offset", FieldType::kInt, int64_t{0},
+                "position of each sequence's first token (profile unit; realistic draws it)")
+          .in_range(0, 1 << 24),
+      FieldSpec("max_position", FieldType::kInt, int64_t{4096},
+                "the model's context: realistic positions stay below it")
+          .in_range(1, 1 << 24),
+  };
+}
+
+void validate(const CaseSpec& s, const std::string& kind) {
+  tb::validate(s);
+  const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
+                kv = s.get_int("kv_heads"), inter = s.get_int("intermediate");
+  if (hidden % heads != 0 || (hidden / heads) % 2 != 0) {
+    throw_field_error(s, "heads",
+                      "must divide hidden " + std::to_string(hidden) +
+                          " into heads of even width (RoPE pairs), got " + std::to_string(heads));
+  }
+  if (heads % kv != 0) {
+    throw_field_error(s, "kv_heads",
+                      "must divide heads " + std::to_string(heads) + ", got " + std::to_string(kv));
+  }
+  if (s.get_float("dropout") != 0.0) {
+    throw_field_error(s, "dropout", "must be 0 for kind " + kind + " (dropout is checked per op)");
+  }
+  if (s.get_int("seq") < 2) {
+    throw_field_error(s, "seq",
+                      "must be at least 2 for kind " + kind +
+                          ": with one token a sequence attends only to itself, and the q_proj "
+                          "and k_proj gradients are identically zero (nothing to check)");
+  }
+  if (s.get_int("batch") == 0) {
+    throw_field_error(s, "batch",
+                      "must be at least 1 for kind " + kind + " (attention needs [batch, seq])");
+  }
+  if (s.get_string("profile") == "realistic" && s.get_int("position_offset") != 0) {
+    throw_field_error(s, "position_offset",
+                      "must be 0 with profile realistic (the profile draws the offset)");
+  }
+  if (s.get_string("profile") == "realistic" && s.get_int("seq") > s.get_int("max_position")) {
+    throw_field_error(s, "max_position",
+                      "must be at least seq " + std::to_string(s.get_int("seq")) +
+                          " with profile realistic, got " +
+                          std::to_string(s.get_int("max_position")));
+  }
+  validate_gptq_shape(s, hidden, hidden, "hidden", "hidden");
+  validate_gptq_shape(s, hidden, hidden / heads * kv, "hidden", "kv_heads");
+  validate_gptq_shape(s, hidden, inter, "hidden", "intermediate");
+  validate_gptq_shape(s, inter, hidden, "intermediate", "hidden");
+}
+
+Dims::Dims(const CaseSpec& s)
+    : hidden(s.get_int("hidden")),
+      intermediate(s.get_int("intermediate")),
+      heads(s.get_int("heads")),
+      kv_heads(s.get_int("kv_heads")),
+      layers(s.get_int("layers")),
+      position_offset(s.get_int("position_offset")),
+      max_position(s.get_int("max_position")) {}
+
+std::string Dims::id_part() const {
+  std::string id = "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
+                   std::to_string(heads) + "kv" + std::to_string(kv_heads) + ".L" +
+                   std::to_string(layers);
+  if (position_offset != 0) id += ".pos" + std::to_string(position_offset);
+  if (max_position != 4096) id += ".ctx" + std::to_string(max_position);
+  return id;
+}
+
+reference::AttentionShape Dims::attention(const tb::Config& c) const {
+  reference::AttentionShape shape{c.batch, c.seq, heads, kv_heads, hidden / heads};
+  shape.position_offset = first_position(c.seed, c.inputs, position_offset, max_position, c.seq);
+  return shape;
+}
+
+std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
+  const int64_t kv_out = d.hidden / d.heads * d.kv_heads;
+  std::vector<StackLayer> stack(d.layers);
+  for (int64_t i = 0; i < d.layers; ++i) {
+    auto& L = stack[i];
+    const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
+        {"q_proj", {d.hidden, d.hidden}},
+        {"k_proj", {d.hidden, kv_out}},
+        {"v_proj", {d.hidden, kv_out}},
+        {"o_proj", {d.hidden, d.hidden}},
+        {"gate_proj", {d.hidden, d.intermediate}},
+        {"up_proj", {d.hidden, d.intermediate}},
+        {"down_proj", {d.intermediate, d.hidden}}};
+    for (const auto& [name, io] : shapes) {
+      L.projections.push_back(tb::make_projection(c, name, io.first, io.second, i + 1));
+    }
+    const auto norm = [&](const char* name, reference::RmsNorm& ref) {
+      const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
+      auto w = (normal_tensor(c.seed, stream, {d.hidden}, 0.1) + 1.0).to(c.dtype);
+      ref = {bridge::to_matrix(w.to(at::kDouble).view({1, d.hidden})).row(0), kNormEps};
+      return w;
+    };
+    L.input_norm = norm("input_norm", L.ref.input_norm);
+    L.post_attention_norm = norm("post_attention_norm", L.ref.post_attention_norm);
+    auto& p = L.projections;
+    L.ref.q = p[0].ref, L.ref.k = p[1].ref, L.ref.v = p[2].ref, L.ref.o = p[3].ref;
+    L.ref.gate = p[4].ref, L.ref.up = p[5].ref, L.ref.down = p[6].ref;
+  }
+  return stack;
+}
+
+DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& L, tb::Impl impl,
+                          int64_t position_offset) {
+  DecoderLayer layer;
+  layer.position_offset = position_offset;
+  layer.input_norm = L.input_norm.to(c.device);
+  layer.post_attention_norm = L.post_attention_norm.to(c.device);
+  layer.norm_eps = kNormEps;
+  layer.heads = d.heads;
+  layer.kv_heads = d.kv_heads;
+  LoraProjection* slots[] = {&layer.q,    &layer.k,  &layer.v,   &layer.o,
+                             &layer.gate, &layer.up, &layer.down};
+  for (size_t j = 0; j < 7; ++j) {
+    *slots[j] = impl == tb::Impl::kProd ? L.projections[j].prod : L.projections[j].base;
+  }
+  return layer;
+}
+
+const char* module_of(size_t projection) {
+  return projection < 4 ? "self_attn" : "mlp";
+}
+
+}  // namespace gradscope::decoder_stack

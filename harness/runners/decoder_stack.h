@@ -1,0 +1,46 @@
+// A stack of seeded Llama decoder layers as the layer and training kinds build it: the
+// shape fields, their rules, each layer's projections and frozen norms, and the views
+// prod, the baseline and the reference take of them.
+#pragma once
+
+#include <vector>
+
+#include "gradscope/decoder_layer.h"
+#include "harness/runners/lora_testbed.h"
+#include "reference/layer_reference.h"
+
+namespace gradscope::decoder_stack {
+
+inline constexpr double kNormEps = 1e-5;
+
+// hidden, intermediate, heads, kv_heads, layers, position_offset, max_position.
+std::vector<FieldSpec> fields();
+// Heads dividing hidden into even widths, kv_heads dividing heads, GPTQ shapes, no
+// dropout (it is checked per op), batch >= 1.
+void validate(const CaseSpec& spec, const std::string& kind);
+
+struct Dims {
+  int64_t hidden, intermediate, heads, kv_heads, layers;
+  int64_t position_offset, max_position;
+  explicit Dims(const CaseSpec& spec);
+  // "h128i256.q4kv2.L2", then ".pos<offset>" and ".ctx<max_position>" where not the default
+  std::string id_part() const;
+  // The attention's shape and its tokens' first position (by the input profile).
+  reference::AttentionShape attention(const lora_testbed::Config& c) const;
+};
+
+struct StackLayer {
+  std::vector<lora_testbed::Projection> projections;  // q k v o gate up down
+  at::Tensor input_norm, post_attention_norm;         // case dtype, host
+  reference::Layer ref;
+};
+// Layer i draws from streams "layers.<i + 1>.*".
+std::vector<StackLayer> make_stack(const lora_testbed::Config& c, const Dims& d);
+
+// Prod's or the baseline's copy of one layer, on the case device.
+DecoderLayer device_layer(const lora_testbed::Config& c, const Dims& d, const StackLayer& layer,
+                          lora_testbed::Impl impl, int64_t position_offset);
+// The seven projections of a layer with their module ("self_attn" or "mlp").
+const char* module_of(size_t projection);
+
+}  // namespace gradscope::decoder_stack

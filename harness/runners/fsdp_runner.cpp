@@ -1,0 +1,404 @@
+// kind = "fsdp": a LoRA MLP (gate, up, down QuantLinear modules) sharded over c10d the way
+// FSDP shards it (FSDP1 flat parameters or FSDP2 per-parameter dim-0 shards), world_size
+// ranks as threads in this process, each with its own process group over one in-memory
+// store: ProcessGroupGloo on the CPU, ProcessGroupNCCL with one GPU per rank on CUDA. Each rank
+// all-gathers, runs forward and backward on its slice of the tokens, reduce-scatters the adapter
+// gradients and releases the full parameters. Checks: the gathered packed words bit for bit on
+// every rank; the summed adapter gradients against the unsharded run and the fp64 reference (ratio
+// rule); a state dict saved from the shards and reloaded, bit for bit, with words whose float view
+// is a NaN or a subnormal; the cast guard refusing a shard that was numerically cast.
+#include <ATen/ATen.h>
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <chrono>
+
+#include "gradscope/fsdp_shards.h"
+#include "gradscope/quant_linear.h"
+#include "harness/checkpoint/checkpoint_reader.h"
+#include "harness/common/dtype_names.h"
+#include "harness/common/file_system.h"
+#include "harness/common/input_error.h"
+#include "harness/common/tensor_bridge.h"
+#include "harness/distributed/thread_ranks.h"
+#include "harness/runners/lora_testbed.h"
+#include "harness/runners/runner_factories.h"
+#include "harness/verdict/compare.h"
+
+namespace gradscope {
+namespace {
+
+namespace tb = lora_testbed;
+using report::SpecValue;
+
+// Words whose fp32, fp16 or bf16 views are NaNs with payloads, signalling NaNs, subnormals
+// and negative zero: a cast or a canonicalising copy changes them, a byte copy does not.
+constexpr uint32_t kSpecialWords[] = {0x7fc00001u, 0xff800001u, 0x00000001u, 0x807fffffu,
+                                      0x7f817c01u, 0x00010001u, 0xffff7fffu, 0x80008000u};
+
+// Plants the special words in the first row of qweight (prod's and base's copies) and
+// re-derives the reference weight: any 32-bit word is a valid set of codes.
+void plant_special_words(tb::Projection& p) {
+  const int64_t n = std::min<int64_t>(p.prod.base.qweight.size(1), std::size(kSpecialWords));
+  for (auto* w : {&p.prod.base, &p.base.base}) {
+    auto row = w->qweight[0];
+    for (int64_t i = 0; i < n; ++i) row[i].fill_(static_cast<int32_t>(kSpecialWords[i]));
+  }
+  p.ref.weight_t = reference::dequantize(bridge::to_reference(p.prod.base));
+}
+
+struct FsdpConfig {
+  int64_t world_size;
+  ShardingStrategy strategy;
+  std::string storage;  // int32 or the float view dtype
+  explicit FsdpConfig(const CaseSpec& s)
+      : world_size(s.get_int("world_size")),
+        strategy(s.get_string("sharding") == "flat" ? ShardingStrategy::kFlat
+                                                    : ShardingStrategy::kPerParameter),
+        storage(s.get_string("storage")) {}
+  bool float_view() const { return storage != "int32"; }
+};
+
+// What one rank reports back.
+struct RankResult {
+  std::vector<report::Check> checks;
+  std::vector<tb::AdapterGrads> adapter_grads;  // per projection, summed over ranks (rank 0)
+};
+
+const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
+
+// What the ranks read of the case, on the host. The case's tensors live on the main thread's
+// device (GPU 0 on CUDA): a rank reading them there would queue its copies on GPU 0's
+// default stream, which rank 0's collectives hold (wait() makes that stream wait for
+// them), so rank 1 could block behind a collective that needs rank 1 and the group would
+// hang in its first reduce-scatter.
+struct HostCase {
+  std::vector<GptqWeight> base;
+  std::vector<at::Tensor> lora_A, lora_B;
+  at::Tensor x2, dy2;  // [tokens, hidden]
+  HostCase(const std::vector<tb::Projection>& p, const at::Tensor& x2_, const at::Tensor& dy2_)
+      : x2(x2_.cpu()), dy2(dy2_.cpu()) {
+    for (const auto& proj : p) {
+      base.push_back(proj.prod.base.to(at::kCPU));
+      lora_A.push_back(proj.prod.lora_A.detach().cpu());
+      lora_B.push_back(proj.prod.lora_B.detach().cpu());
+    }
+  }
+};
+
+class FsdpRunner final : public CaseRunner {
+ public:
+  std::string kind() const override { return "fsdp"; }
+
+  std::vector<FieldSpec> fields() const override {
+    const auto s = [](const char* v) { return SpecValue(std::string(v)); };
+    std::vector<FieldSpec> f = {
+        FieldSpec("hidden", FieldType::kInt, int64_t{256}, "hidden size").in_range(1, 1 << 16),
+        FieldSpec("intermediate", FieldType::kInt, int64_t{512}, "MLP intermediate size")
+            .in_range(1, 1 << 17),
+        FieldSpec("world_size", FieldType::kInt, int64_t{2},
+                  "ranks (one thread each; Gloo on the CPU, NCCL on CUDA)")
+            .in_range(1, 64),
+        FieldSpec("sharding", FieldType::kString, s("flat"),
+                  "flat: FSDP1 flat parameters per dtype; per_param: FSDP2 dim-0 shards")
+            .one_of({s("flat"), s("per_param")}),
+        FieldSpec("storage", FieldType::kString, s("bf16"),
+                  "packed words in int32 buffers (replicated) or as a float view (sharded)")
+            .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}),
+        FieldSpec("param_dtype", FieldType::kString, s(""),
+                  "the mixed-precision policy's parameter dtype; empty: the storage dtype"),
+    };
+    for (auto& x : tb::fields()) f.push_back(std::move(x));
+    return f;
+  }
+
+  std::string case_id(const CaseSpec& s) const override {
+    const FsdpConfig f(s);
+    return "fsdp." + s.get_string("dtype") + ".h" + std::to_string(s.get_int("hidden")) + "i" +
+           std::to_string(s.get_int("intermediate")) + ".w" + std::to_string(f.world_size) + "." +
+           s.get_string("sharding") + "." + f.storage + tb::Config(s).id_suffix();
+  }
+
+  void validate(const CaseSpec& s) const override {
+    tb::validate(s);
+    const FsdpConfig f(s);
+    const tb::Config c(s);
+    if (c.tokens() % f.world_size != 0) {
+      throw_field_error(s, "world_size",
+                        "must divide the " + std::to_string(c.tokens()) +
+                            " tokens (each rank takes an equal slice), got " +
+                            std::to_string(f.world_size));
+    }
+    const std::string param_dtype = s.get_string("param_dtype");
+    if (!param_dtype.empty() && param_dtype != "fp32" && param_dtype != "fp16" &&
+        param_dtype != "bf16") {
+      throw_field_error(s, "param_dtype",
+                        "must be fp32, fp16, bf16 or empty, got \"" + param_dtype + "\"");
+    }
+    if (f.float_view() && !param_dtype.empty() && param_dtype != f.storage) {
+      throw_field_error(s, "param_dtype",
+                        "is " + param_dtype + " but the packed words are stored as a " + f.storage +
+                            " view: the policy would cast them numerically and "
+                            "destroy them; store them as " +
+                            param_dtype + " (storage) or keep param_dtype = \"" + f.storage + "\"");
+    }
+    if (s.get_float("dropout") != 0.0) {
+      throw_field_error(s, "dropout", "must be 0 for kind fsdp (dropout is checked per op)");
+    }
+    if (!s.get_string("checkpoint").empty()) {
+      throw_field_error(s, "checkpoint", "must be empty for kind fsdp");
+    }
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    validate_gptq_shape(s, hidden, inter, "hidden", "intermediate");
+    validate_gptq_shape(s, inter, hidden, "intermediate", "hidden");
+  }
+
+  RunOutput run(const CaseSpec& s, const std::string& id,
+                const RunOptions& options) const override {
+    const tb::Config c(s);
+    const FsdpConfig f(s);
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    RunOutput result;
+
+    tb::Measure generate_time(c, /*track_memory=*/false);
+    std::vector<tb::Projection> p = {tb::make_projection(c, "gate_proj", hidden, inter),
+                                     tb::make_projection(c, "up_proj", hidden, inter),
+                                     tb::make_projection(c, "down_proj", inter, hidden)};
+    for (auto& proj : p) plant_special_words(proj);
+    auto x = tb::make_activation(c, "x", hidden, false);
+    auto dy = tb::make_output_grad(c, "dy", hidden);
+    generate_time.finish("generate", result.metrics);
+
+    // Unsharded: prod's fused op on all tokens, and the reference.
+    tb::Measure unsharded_time(c);
+    const auto x2 = x.prod.reshape({-1, hidden});
+    auto y = lora_mlp(x2, p[0].prod, p[1].prod, p[2].prod);
+    const auto unsharded = tb::backward({y}, {dy.prod.reshape({-1, hidden})}, at::Tensor(),
+                                        tb::of({&p[0], &p[1], &p[2]}, tb::Impl::kProd));
+    unsharded_time.finish("unsharded", result.metrics);
+    const reference::Dropout none;
+    const auto tape = reference::mlp_tape(x.ref, p[0].ref, p[1].ref, none);
+    const auto ref =
+        reference::mlp_backward(tape, x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none);
+    reference::RoundingNoise noise(tb::precision(c));
+    const auto yr = reference::lora_forward(reference::swiglu(tape.e, tape.g), p[2].ref, none);
+    const auto n =
+        noise.mlp(tape, x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none, yr, ref);
+
+#ifdef GRADSCOPE_WITH_CUDA
+    if (c.device.is_cuda() && c10::cuda::device_count() < f.world_size) {
+      throw InputError(id + ": world_size " + std::to_string(f.world_size) +
+                       " needs one GPU per rank (NCCL); this machine has " +
+                       std::to_string(c10::cuda::device_count()));
+    }
+#endif
+    const HostCase host(p, x2, dy.prod.reshape({-1, hidden}));
+    tb::Measure sharded_time(c);
+    std::vector<RankResult> ranks(f.world_size);
+    const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+    const auto errors =
+        run_thread_ranks(static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
+                         [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                           run_rank(c, f, id, host, backend, r, scratch, ranks[r]);
+                         });
+    files::remove_tree(scratch);
+    sharded_time.finish("sharded", result.metrics);
+    // Every rank's error: the first rank's may only be a timeout waiting for another's.
+    std::string failed;
+    for (int64_t r = 0; r < f.world_size; ++r) {
+      if (!errors[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + errors[r];
+    }
+    if (!failed.empty()) throw std::runtime_error("fsdp ranks failed:" + failed);
+    for (int64_t r = 0; r < f.world_size; ++r) {
+      for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
+    }
+    const reference::ProjectionGrads* refs[] = {&ref.gate, &ref.up, &ref.down};
+    const reference::ProjectionGradsNoise* noises[] = {&n.gate, &n.up, &n.down};
+    // prod: the sharded run's summed gradients; base: the unsharded run's. The sharded sum
+    // adds per-rank partial sums in another order, no more.
+    tb::Checks checks(c, id + "/layer0/mlp/", options.keep_tensors, noise);
+    if (c.adapter_dtype != at::kFloat) {
+      // Each rank's partial gradient is held in the adapter dtype before the ranks sum them,
+      // by a careful implementation too: one beyond its range makes an overflow the case's.
+      const int64_t slice = c.tokens() / f.world_size;
+      const double max = tb::format_of(c.adapter_dtype).max;
+      for (int64_t r = 0; r < f.world_size; ++r) {
+        const reference::Matrix xs = x.ref.middleRows(r * slice, slice);
+        const reference::Matrix dys = dy.ref.middleRows(r * slice, slice);
+        const auto part =
+            reference::mlp_backward(xs, dys, p[0].ref, p[1].ref, p[2].ref, none, none);
+        const reference::ProjectionGrads* parts[] = {&part.gate, &part.up, &part.down};
+        for (size_t j = 0; j < 3; ++j) {
+          const double m =
+              std::max(parts[j]->dA.cwiseAbs().maxCoeff(), parts[j]->dB.cwiseAbs().maxCoeff());
+          if (m > max) {
+            checks.note_model_overflow("rank " + std::to_string(r) + "'s partial gradient of " +
+                                           kNames[j] + " reaches " + report::format_number(m) +
+                                           " > " + bridge::dtype_name(c.adapter_dtype) + " max " +
+                                           report::format_number(max),
+                                       bridge::dtype_name(c.adapter_dtype));
+          }
+        }
+      }
+    }
+    for (size_t j = 0; j < 3; ++j) {
+      checks.add_adapter_grads(p[j], ranks[0].adapter_grads[j], unsharded.adapters[j], *refs[j],
+                               *noises[j]);
+    }
+    for (auto& check : checks.take()) result.checks.push_back(std::move(check));
+    return result;
+  }
+
+ private:
+  static void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id,
+                       const HostCase& host, const c10::intrusive_ptr<c10d::Backend>& backend,
+                       int64_t r, const std::string& scratch, RankResult& out) {
+    // On CUDA, rank r owns GPU r (run_thread_ranks made it current).
+    const at::Device device =
+        c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(r)) : at::Device(at::kCPU);
+    const std::string where = id + "/rank" + std::to_string(r) + "/";
+
+    QuantLinearOptions qo;
+    qo.storage = f.float_view() ? PackedStorage::kFloatParameters : PackedStorage::kInt32Buffers;
+    if (f.float_view()) qo.view_dtype = dtype_from_name(f.storage);
+    qo.rank = c.rank;
+    qo.scaling = c.scaling();
+    qo.adapter_dtype = c.adapter_dtype;
+    std::vector<QuantLinear> modules;
+    std::vector<at::Tensor> frozen, adapters, frozen_before;
+    std::vector<std::string> frozen_names;
+    // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
+    const auto check_adapters = [&](size_t j, const std::string& stage,
+                                    const std::string& compared) {
+      const std::string path = where + stage + "/" + kNames[j] + "/";
+      out.checks.push_back(compare_exact(path + "lora_A", compared,
+                                         modules[j]->lora_A.detach().cpu(),
+                                         host.lora_A[j].to(at::kDouble)));
+      out.checks.push_back(compare_exact(path + "lora_B", compared,
+                                         modules[j]->lora_B.detach().cpu(),
+                                         host.lora_B[j].to(at::kDouble)));
+    };
+    for (size_t j = 0; j < host.base.size(); ++j) {
+      modules.emplace_back(host.base[j], at::Tensor(), qo);
+      auto& m = modules.back();
+      // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
+      // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
+      // this rank's shards (below), never whole.
+      if (!f.float_view()) m->to(device);
+      {
+        const at::NoGradGuard no_grad;
+        m->lora_A.copy_(host.lora_A[j]);  // from the host, as a rank loads a state dict
+        m->lora_B.copy_(host.lora_B[j]);
+      }
+      // The adapters as loaded, before any collective: with the check after the all-gather
+      // below, a wrong copy and a failed gather tell themselves apart.
+      check_adapters(j, "loaded", "as loaded vs the case's");
+      for (const auto& item : m->named_parameters()) {
+        if (item.key() == "lora_A" || item.key() == "lora_B") {
+          adapters.push_back(item.value());
+        } else {
+          frozen.push_back(item.value());
+          frozen_before.push_back(item.value().detach().clone());
+          frozen_names.push_back(std::string(kNames[j]) + "." + item.key());
+        }
+      }
+    }
+    std::unique_ptr<ShardedParameters> frozen_shards;
+    if (!frozen.empty()) {
+      frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend, device);
+    }
+    ShardedParameters adapter_shards(adapters, f.strategy, backend, device);
+
+    if (frozen_shards) frozen_shards->gather();
+    adapter_shards.gather();
+    for (size_t j = 0; j < modules.size(); ++j) {
+      const auto words = modules[j]->packed();
+      const auto& original = host.base[j];
+      const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
+      out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
+                                         words.qweight, original.qweight.to(at::kLong)));
+      out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
+                                         words.qzeros, original.qzeros.to(at::kLong)));
+      out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
+                                         words.scales, original.scales.to(at::kDouble)));
+      check_adapters(j, "gathered", "after all-gather vs before sharding");
+    }
+    // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
+    const int64_t slice = host.x2.size(0) / f.world_size;
+    const auto projection = [&](size_t j) {
+      return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
+                            modules[j]->lora_B, c.scaling()};
+    };
+    const auto slice_of = [&](const at::Tensor& t) {
+      return t.narrow(0, r * slice, slice).to(device);
+    };
+    const auto y = lora_mlp(slice_of(host.x2), projection(0), projection(1), projection(2));
+    y.backward(slice_of(host.dy2));
+    std::vector<at::Tensor> grads;
+    for (const auto& a : adapters) grads.push_back(a.grad());
+    const auto grad_shards = adapter_shards.reduce_scatter(grads);
+    adapter_shards.release();
+    if (frozen_shards) frozen_shards->release();
+    const auto summed = adapter_shards.gather_copy(grad_shards);  // in the order of `adapters`
+    if (r == 0) {
+      for (size_t j = 0; j < modules.size(); ++j) {
+        out.adapter_grads.push_back({summed[2 * j], summed[2 * j + 1]});
+      }
+    }
+
+    // A state dict from the shards (every rank gathers; rank 0 writes and reloads it).
+    const auto full = frozen_shards ? frozen_shards->gather_copy(frozen_shards->shards())
+                                    : std::vector<at::Tensor>{};
+    if (r == 0 && !full.empty()) {
+      std::vector<safetensors::OutputTensor> tensors;
+      for (size_t i = 0; i < full.size(); ++i) {
+        tensors.push_back(to_safetensors(frozen_names[i], full[i]));
+      }
+      const std::string path = scratch + "/state_dict.safetensors";
+      safetensors::write_file(path, tensors, {});
+      const safetensors::File file(path);
+      for (size_t i = 0; i < full.size(); ++i) {
+        out.checks.push_back(compare_bits(id + "/state_dict/" + frozen_names[i],
+                                          "reloaded from a state dict of the shards vs before "
+                                          "sharding",
+                                          from_safetensors(file, *file.find(frozen_names[i])),
+                                          frozen_before[i]));
+      }
+    }
+
+    // The cast guard: a numeric round trip of one shard through another float dtype (a
+    // mixed-precision policy that casts) must be refused by name, not computed on.
+    if (frozen_shards) {
+      auto& shard = frozen_shards->shards().front();
+      const auto other = shard.scalar_type() == at::kHalf ? at::kBFloat16 : at::kHalf;
+      const auto saved = shard.clone();
+      shard.copy_(shard.to(other).to(shard.scalar_type()));
+      frozen_shards->gather();
+      std::string message;
+      try {
+        for (auto& m : modules) m->check_packed_intact();
+      } catch (const c10::Error& e) {
+        message = e.what_without_backtrace();
+      }
+      // Refused, and by the name of a packed tensor.
+      const bool named = message.find("qweight") != std::string::npos ||
+                         message.find("qzeros") != std::string::npos ||
+                         message.find("scales") != std::string::npos ||
+                         message.find("g_idx") != std::string::npos;
+      out.checks.push_back(expect_rejection(
+          where + "cast_guard", "a numerically cast shard refused by name", named,
+          message.empty() ? "the words were cast and nothing noticed" : "message: " + message));
+      shard.copy_(saved);
+      frozen_shards->release();
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CaseRunner> make_fsdp_runner() {
+  return std::make_unique<FsdpRunner>();
+}
+
+}  // namespace gradscope

@@ -1,0 +1,433 @@
+#include "harness/runners/lora_testbed.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "harness/checkpoint/checkpoint_reader.h"
+#include "harness/common/dtype_names.h"
+#include "harness/common/input_error.h"
+#include "harness/common/tensor_bridge.h"
+#include "harness/generate/seeded_streams.h"
+#include "harness/verdict/compare.h"
+
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace gradscope::lora_testbed {
+
+using report::SpecValue;
+
+std::vector<FieldSpec> fields() {
+  const auto s = [](const char* v) { return SpecValue(std::string(v)); };
+  std::vector<FieldSpec> f = {
+      FieldSpec("rank", FieldType::kInt, int64_t{8}, "LoRA rank r").in_range(1, 4096),
+      FieldSpec("alpha", FieldType::kFloat, 16.0, "LoRA alpha; scaling = alpha / r")
+          .in_range(-1e6, 1e6),
+      FieldSpec("rslora", FieldType::kBool, false, "rsLoRA: scaling = alpha / sqrt(r)"),
+      FieldSpec("dropout", FieldType::kFloat, 0.0, "dropout p on the adapter inputs, [0, 1)")
+          .in_range(0, 1),
+      FieldSpec("bias", FieldType::kBool, false, "frozen base bias on every projection"),
+      FieldSpec("adapter_dtype", FieldType::kString, s("fp32"), "dtype of lora_A and lora_B")
+          .one_of({s("fp32"), s("fp16"), s("bf16")}),
+      FieldSpec("batch", FieldType::kInt, int64_t{2}, "batch; 0 = 2-D input [seq, features]")
+          .in_range(0, 1 << 16),
+      FieldSpec("seq", FieldType::kInt, int64_t{32}, "tokens per sequence").in_range(1, 1 << 20),
+      FieldSpec("checkpoint", FieldType::kString, s(""),
+                "GPTQ checkpoint folder whose packed weights replace the seeded layers"),
+      FieldSpec("layer", FieldType::kInt, int64_t{0}, "decoder layer of the checkpoint")
+          .in_range(0, 1 << 16),
+  };
+  for (auto& p : profile_fields()) f.push_back(std::move(p));
+  for (auto& g : gptq_fields()) f.push_back(std::move(g));
+  return f;
+}
+
+void validate(const CaseSpec& spec) {
+  validate_gptq_fields(spec);
+  if (spec.get_float("dropout") >= 1.0) {
+    throw_field_error(spec, "dropout",
+                      "must be below 1 (p = 1 drops every input), got " +
+                          report::format_spec_value(spec.get_float("dropout")));
+  }
+}
+
+Config::Config(const CaseSpec& s)
+    : dtype(dtype_from_name(s.get_string("dtype"))),
+      adapter_dtype(dtype_from_name(s.get_string("adapter_dtype"))),
+      device(s.get_string("device") == "cuda" ? at::kCUDA : at::kCPU),
+      seed(static_cast<uint64_t>(s.get_int("seed"))),
+      rank(s.get_int("rank")),
+      alpha(s.get_float("alpha")),
+      rslora(s.get_bool("rslora")),
+      dropout(s.get_float("dropout")),
+      bias(s.get_bool("bias")),
+      batch(s.get_int("batch")),
+      seq(s.get_int("seq")),
+      gptq(s),
+      inputs(s),
+      checkpoint(s.get_string("checkpoint")),
+      layer(s.get_int("layer")) {}
+
+double Config::scaling() const {
+  const double r = static_cast<double>(rank);
+  return rslora ? alpha / std::sqrt(r) : alpha / r;
+}
+
+std::vector<int64_t> Config::shape(int64_t features) const {
+  return batch > 0 ? std::vector<int64_t>{batch, seq, features}
+                   : std::vector<int64_t>{seq, features};
+}
+
+std::string Config::id_suffix() const {
+  std::ostringstream id;
+  id << ".t" << (batch > 0 ? std::to_string(batch) + "x" : "") << seq << ".r" << rank << "."
+     << gptq.id_part();
+  if (dropout > 0) id << ".p" << dropout;
+  if (bias) id << ".bias";
+  if (alpha != 16.0) id << ".a" << alpha;
+  if (rslora) id << ".rslora";
+  if (adapter_dtype != at::kFloat)
+    id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
+  id << inputs.id_part();
+  if (!checkpoint.empty()) id << ".ckpt-L" << layer;
+  id << ".s" << seed;
+  return id.str();
+}
+
+reference::Format format_of(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return {0x1.0p-11, 0x1.0p-25, 65504.0};
+    case at::kBFloat16:
+      return {0x1.0p-8, 0x1.0p-134, 0x1.FEp127};
+    case at::kDouble:
+      return {0x1.0p-53, 0.0, 0x1.FFFFFFFFFFFFFp1023};
+    default:
+      return {0x1.0p-24, 0x1.0p-150, 0x1.FFFFFEp127};
+  }
+}
+
+at::ScalarType adapter_compute_dtype(const Config& c) {
+  return c.dtype == c.adapter_dtype ? c.dtype : at::promote_types(c.dtype, c.adapter_dtype);
+}
+
+reference::Precision precision(const Config& c) {
+  // Sums accumulate in fp32, whose arithmetic may flush subnormal results to zero (CUDA's
+  // fast paths do): below its smallest normal, 2^-126, a value may be off by that much.
+  auto accumulate = format_of(at::kFloat);
+  accumulate.subnormal = 0x1.0p-126;
+  return {format_of(c.dtype), format_of(adapter_compute_dtype(c)), format_of(c.adapter_dtype),
+          accumulate};
+}
+
+namespace {
+
+// fp64 master -> the dtype an implementation holds -> its exact values for the reference.
+at::Tensor rounded(const at::Tensor& master, at::ScalarType dtype) {
+  return master.to(dtype);
+}
+
+at::Tensor leaf(const at::Tensor& values, const at::Device& device, bool requires_grad) {
+  return values.to(device).clone().detach().requires_grad_(requires_grad);
+}
+
+}  // namespace
+
+namespace {
+
+const GptqCheckpoint& open_checkpoint(const std::string& dir) {
+  // Cases of one run share a checkpoint: its files are mapped once.
+  static std::map<std::string, std::unique_ptr<GptqCheckpoint>> open;
+  auto& ckpt = open[dir];
+  if (!ckpt) ckpt = std::make_unique<GptqCheckpoint>(dir);
+  return *ckpt;
+}
+
+// The case's GPTQ fields describe the weights it reports on: a checkpoint that says otherwise
+// would be run and its own format reported as the case's, so it is refused.
+void refuse_contradictions(const Config& c, const QuantizeConfig& q) {
+  const auto refuse = [&](const char* field, const std::string& file_value,
+                          const std::string& case_value) {
+    throw InputError(q.file + ": " + field + " is " + file_value + "; the case sets " + field +
+                     " = " + case_value + " (case fields must match the checkpoint " +
+                     c.checkpoint + ")");
+  };
+  const auto text = [](bool b) { return std::string(b ? "true" : "false"); };
+  if (q.bits != c.gptq.bits) {
+    refuse("bits", std::to_string(q.bits), std::to_string(c.gptq.bits));
+  }
+  if (q.group_size != c.gptq.group_size) {
+    refuse("group_size", std::to_string(q.group_size), std::to_string(c.gptq.group_size));
+  }
+  if (q.desc_act != c.gptq.desc_act) refuse("desc_act", text(q.desc_act), text(c.gptq.desc_act));
+  if (q.sym != c.gptq.sym) refuse("sym", text(q.sym), text(c.gptq.sym));
+  if (q.static_groups != c.gptq.static_groups) {
+    refuse("static_groups", text(q.static_groups), text(c.gptq.static_groups));
+  }
+  if (q.format != c.gptq.format) {
+    refuse("format", std::string(to_string(q.format)), std::string(to_string(c.gptq.format)));
+  }
+}
+
+}  // namespace
+
+Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out,
+                           int64_t layer) {
+  Projection p;
+  p.name = name;
+  const std::string stream = (layer > 0 ? "layers." + std::to_string(layer) + "." : "") + name;
+  GptqWeight packed;
+  at::Tensor checkpoint_bias;
+  if (c.checkpoint.empty()) {
+    const auto q = quantize_seeded_layer(c.seed, stream + ".", in, out, c.gptq);
+    packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
+  } else {
+    const std::string module = module_name(c.layer + std::max<int64_t>(layer - 1, 0), name);
+    const auto& checkpoint = open_checkpoint(c.checkpoint);
+    refuse_contradictions(c, checkpoint.config());
+    auto loaded = checkpoint.load(module);
+    if (loaded.weight.scales.scalar_type() != c.gptq.scales_dtype) {
+      throw InputError(c.checkpoint + ": " + module + ".scales is " +
+                       bridge::dtype_name(loaded.weight.scales.scalar_type()) +
+                       "; the case sets scales_dtype = " + bridge::dtype_name(c.gptq.scales_dtype));
+    }
+    if (loaded.weight.in_features() != in || loaded.weight.out_features() != out) {
+      throw InputError(c.checkpoint + ": " + module + " is [" +
+                       std::to_string(loaded.weight.in_features()) + " -> " +
+                       std::to_string(loaded.weight.out_features()) + "]; the case expects [" +
+                       std::to_string(in) + " -> " + std::to_string(out) + "]");
+    }
+    if (c.bias && !loaded.bias.defined()) {
+      throw InputError(c.checkpoint + ": " + module + " has no bias but the case sets bias = true");
+    }
+    packed = std::move(loaded.weight);
+    checkpoint_bias = loaded.bias;
+  }
+  // lora_A ~ N(0, 1/in) like peft's kaiming init; lora_B is drawn non-zero (peft starts it
+  // at zero, which would make dA identically zero and the check meaningless).
+  const auto a =
+      rounded(normal_tensor(c.seed, stream + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
+              c.adapter_dtype);
+  const auto b = rounded(normal_tensor(c.seed, stream + ".lora_B", {out, c.rank},
+                                       0.5 / std::sqrt(static_cast<double>(c.rank))),
+                         c.adapter_dtype);
+  const auto bias = !c.bias ? at::Tensor()
+                    : checkpoint_bias.defined()
+                        ? checkpoint_bias.to(at::kDouble).to(c.dtype)
+                        : rounded(normal_tensor(c.seed, stream + ".bias", {out}, 0.1), c.dtype);
+
+  p.ref.weight_t = reference::dequantize(bridge::to_reference(packed));
+  if (bias.defined()) p.ref.bias = bridge::to_matrix(bias).row(0);
+  p.ref.lora_A = bridge::to_matrix(a);
+  p.ref.lora_B = bridge::to_matrix(b);
+  p.ref.scaling = c.scaling();
+
+  GptqWeight on_device = packed.to(c.device);
+  // The baseline gets its own copy of the packed words: a prod that writes into its frozen
+  // weights (a fault) must not move the baseline with it.
+  GptqWeight base_copy = on_device;
+  for (at::Tensor* t :
+       {&base_copy.qweight, &base_copy.qzeros, &base_copy.scales, &base_copy.g_idx}) {
+    *t = t->clone();
+  }
+  for (LoraProjection* impl : {&p.prod, &p.base}) {
+    impl->base = impl == &p.prod ? on_device : base_copy;
+    impl->bias = bias.defined() ? bias.to(c.device) : at::Tensor();
+    impl->lora_A = leaf(a, c.device, true);
+    impl->lora_B = leaf(b, c.device, true);
+  }
+  // Prod's scaling is what a user of the production library gets from it.
+  p.prod.scaling = lora_scaling(c.alpha, c.rank, c.rslora);
+  p.base.scaling = c.scaling();
+  return p;
+}
+
+namespace {
+
+Activation as_activation(const Config& c, const std::string& name, const at::Tensor& master,
+                         int64_t features, bool requires_grad) {
+  const auto values = rounded(master, c.dtype).reshape(c.shape(features));
+  if (!values.isfinite().all().item<bool>()) {
+    // A drawn input the dtype cannot hold (a loss scale or x_scale too large for it).
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", master.abs().max().item<double>());
+    throw InputError("input " + name + " reaches |" + name + "| = " + buf + ", beyond " +
+                     bridge::dtype_name(c.dtype) + "'s largest finite value " +
+                     report::format_number(format_of(c.dtype).max) +
+                     ": the case's inputs are out of range for its dtype (lower x_scale or "
+                     "loss_scale)");
+  }
+  return {leaf(values, c.device, requires_grad), leaf(values, c.device, requires_grad),
+          bridge::to_matrix(values)};
+}
+
+}  // namespace
+
+Activation make_activation(const Config& c, const std::string& name, int64_t features,
+                           bool requires_grad) {
+  return as_activation(c, name, draw_activations(c.seed, name, c.inputs, c.tokens(), features),
+                       features, requires_grad);
+}
+
+Activation make_output_grad(const Config& c, const std::string& name, int64_t features) {
+  return as_activation(c, name, draw_output_grads(c.seed, name, c.inputs, c.tokens(), features),
+                       features, false);
+}
+
+Dropout make_dropout(const Config& c, const std::string& name, int64_t features) {
+  Dropout d;
+  d.device.p = c.dropout;
+  d.ref.p = c.dropout;
+  if (c.dropout == 0) return d;
+  const auto keep = uniform_tensor(c.seed, name, {c.tokens(), features}).lt(1.0 - c.dropout);
+  d.device.mask = keep.to(c.device);
+  d.ref.mask = bridge::to_matrix(keep.to(at::kDouble));
+  return d;
+}
+
+Checks::Checks(const Config& c, std::string prefix, bool keep_tensors,
+               const reference::RoundingNoise& noise)
+    : config_(c), prefix_(std::move(prefix)), keep_tensors_(keep_tensors) {
+  const auto act = format_of(c.dtype);
+  for (const auto& v : noise.stored()) {
+    if (v.max_abs > act.max) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "its %s reaches %.4g > %s max %.6g", v.name.c_str(), v.max_abs,
+                    bridge::dtype_name(c.dtype).c_str(), act.max);
+      model_format_ = bridge::dtype_name(c.dtype);
+      model_overflow_ = buf;
+      break;
+    }
+  }
+}
+
+void Checks::note_model_overflow(const std::string& what, const std::string& format) {
+  if (!model_overflow_.empty()) return;
+  model_overflow_ = what;
+  model_format_ = format;
+}
+
+void Checks::add_as(const std::string& path, const Compared& t, at::IntArrayRef shape,
+                    const Expected& expected, ErrorStatistic statistic) {
+  RatioInputs in;
+  in.path = prefix_ + path;
+  in.prod = t.prod;
+  in.base = t.base;
+  in.ref = bridge::to_tensor(t.ref).reshape(shape);
+  in.sigma = bridge::to_tensor(t.variance).sqrt().reshape(shape);
+  in.expected = expected;
+  in.format = bridge::dtype_name(expected.dtype);
+  in.format_max = format_of(expected.dtype).max;
+  in.model_overflow = model_overflow_;
+  in.model_format = model_format_;
+  in.precision = bridge::dtype_name(config_.dtype) + " activations, " +
+                 bridge::dtype_name(adapter_compute_dtype(config_)) + " adapter path";
+  in.statistic = statistic;
+  in.keep_tensors = keep_tensors_;
+  checks_.push_back(compare_ratio(in));
+}
+
+void Checks::add(const std::string& projection, const std::string& tensor, const Compared& t,
+                 at::IntArrayRef shape) {
+  add_as(projection + "/" + tensor, t, shape, {config_.dtype, config_.device});
+}
+
+void Checks::add_adapter_grads(const Projection& p, const AdapterGrads& prod,
+                               const AdapterGrads& base, const reference::ProjectionGrads& ref,
+                               const reference::ProjectionGradsNoise& noise) {
+  const Expected adapter{config_.adapter_dtype, config_.device};
+  add_as(p.name + "/lora_A.grad", {prod.dA, base.dA, ref.dA, noise.dA}, p.prod.lora_A.sizes(),
+         adapter);
+  add_as(p.name + "/lora_B.grad", {prod.dB, base.dB, ref.dB, noise.dB}, p.prod.lora_B.sizes(),
+         adapter);
+}
+
+Measure::Measure(const Config& c, bool track_memory)
+    : device_(c.device), track_memory_(track_memory && c.device.is_cuda()) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (track_memory_) {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
+  }
+#endif
+  start_ = std::chrono::steady_clock::now();
+}
+
+void Measure::finish(const std::string& name,
+                     std::vector<std::pair<std::string, double>>& metrics) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::device_synchronize();
+  if (track_memory_) {
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
+    const auto& allocated =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    metrics.emplace_back(name + ".peak_allocated_gib", allocated.peak / double(1 << 30));
+  }
+#endif
+  metrics.emplace_back(
+      name + ".seconds",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+}
+
+void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
+                 const std::vector<std::pair<std::string, const Activation*>>& output_grads,
+                 const std::vector<const Projection*>& projections,
+                 const std::vector<std::pair<std::string, const Dropout*>>& dropouts) {
+  if (!options.keep_tensors) return;
+  out.inputs.emplace_back("x", bridge::to_tensor_data(x.base));
+  for (const auto& [name, g] : output_grads) {
+    out.inputs.emplace_back(name, bridge::to_tensor_data(g->base));
+  }
+  for (const auto* p : projections) {
+    out.inputs.emplace_back(p->name + ".lora_A", bridge::to_tensor_data(p->base.lora_A));
+    out.inputs.emplace_back(p->name + ".lora_B", bridge::to_tensor_data(p->base.lora_B));
+  }
+  for (const auto& [name, d] : dropouts) {
+    if (d->device.p > 0) out.inputs.emplace_back(name, bridge::to_tensor_data(d->device.mask));
+  }
+}
+
+std::vector<const LoraProjection*> of(const std::vector<const Projection*>& projections,
+                                      Impl impl) {
+  std::vector<const LoraProjection*> out;
+  for (const auto* p : projections) out.push_back(impl == Impl::kProd ? &p->prod : &p->base);
+  return out;
+}
+
+Gradients backward(const std::vector<at::Tensor>& outputs,
+                   const std::vector<at::Tensor>& grad_outputs, const at::Tensor& x,
+                   const std::vector<const LoraProjection*>& projections) {
+  // x undefined (or not requiring grad): the adapters' gradients only.
+  const bool with_x = x.defined() && x.requires_grad();
+  std::vector<at::Tensor> inputs;
+  if (with_x) inputs.push_back(x);
+  for (const auto* p : projections) {
+    inputs.push_back(p->lora_A);
+    inputs.push_back(p->lora_B);
+  }
+  // allow_unused: an input the graph never reached comes back undefined, and the
+  // comparison then fails it as a zero gradient instead of throwing here.
+  auto grads = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) grads[i] = at::zeros_like(inputs[i]);
+  }
+  Gradients g;
+  const size_t first = with_x ? 1 : 0;
+  if (with_x) g.dx = grads[0];
+  for (size_t j = 0; j < projections.size(); ++j) {
+    g.adapters.push_back({grads[first + 2 * j], grads[first + 2 * j + 1]});
+  }
+  return g;
+}
+
+}  // namespace gradscope::lora_testbed

@@ -1,0 +1,40 @@
+// One runner per case kind behind one interface; catalog/runner_registry.cpp lists them.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/spec/case_spec.h"
+#include "reports/report_types.h"
+
+namespace gradscope {
+
+struct RunOptions {
+  bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
+};
+
+struct RunOutput {
+  std::vector<report::Check> checks;
+  std::vector<std::pair<std::string, report::TensorData>> inputs;  // when keep_tensors
+  std::vector<std::pair<std::string, double>> metrics;             // reported, not gated
+  std::optional<report::LossCurve> loss_curve;                     // training kinds
+};
+
+class CaseRunner {
+ public:
+  virtual ~CaseRunner() = default;
+  virtual std::string kind() const = 0;
+  // The kind's own fields (besides kind, seed, dtype, device).
+  virtual std::vector<FieldSpec> fields() const = 0;
+  // The id encodes the configuration, so a failing line says what failed.
+  virtual std::string case_id(const CaseSpec& spec) const = 0;
+  // Cross-field rules (impossible shapes); throws InputError naming the field.
+  virtual void validate(const CaseSpec& spec) const = 0;
+  // Runs prod and the reference and returns every check, paths prefixed by `id`.
+  virtual RunOutput run(const CaseSpec& spec, const std::string& id,
+                        const RunOptions& options) const = 0;
+};
+
+}  // namespace gradscope

@@ -1,0 +1,401 @@
+#include "harness/verdict/compare.h"
+
+#include <ATen/ATen.h>
+
+#include "harness/common/tensor_bridge.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace gradscope {
+namespace {
+
+std::string format_index(const std::vector<int64_t>& index) {
+  std::string s = "(";
+  for (size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
+  return s + ")";
+}
+
+std::string g(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// torch.testing.assert_close's attribute checks: prod's dtype and device, before any value.
+std::optional<std::string> attribute_mismatch(const std::string& path, const at::Tensor& prod,
+                                              const Expected& expected) {
+  if (!prod.defined()) return path + ": prod returned no tensor";
+  if (prod.scalar_type() != expected.dtype) {
+    return path + ": the values for attribute 'dtype' do not match: prod is " +
+           bridge::dtype_name(prod.scalar_type()) + ", expected " +
+           bridge::dtype_name(expected.dtype);
+  }
+  if (prod.device().type() != expected.device.type()) {
+    return path + ": the values for attribute 'device' do not match: prod is on " +
+           prod.device().str() + ", expected " + expected.device.str();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+at::Tensor bit_pattern(const at::Tensor& t) {
+  const auto c = t.contiguous();
+  switch (c.scalar_type()) {
+    case at::kHalf:
+    case at::kBFloat16:
+      return c.view(at::kShort);
+    case at::kFloat:
+      return c.view(at::kInt);
+    case at::kDouble:
+      return c.view(at::kLong);
+    default:
+      return c;
+  }
+}
+
+report::Check compare_bits(const std::string& path, const std::string& compared,
+                           const at::Tensor& got, const at::Tensor& want) {
+  if (got.scalar_type() != want.scalar_type()) {
+    report::Check check;
+    check.path = path;
+    check.exact = true;
+    check.compared = compared;
+    check.numel = got.numel();
+    check.mismatches = got.numel();
+    check.failure = path + ": dtype " + bridge::dtype_name(got.scalar_type()) + ", expected " +
+                    bridge::dtype_name(want.scalar_type());
+    return check;
+  }
+  // Stored words may be all zero (g_idx of a layer with one group): that is still a check.
+  return compare_exact(path, compared, bit_pattern(got.cpu()),
+                       bit_pattern(want.cpu()).to(at::kLong), {}, false, std::nullopt,
+                       /*zero_allowed=*/true);
+}
+
+std::vector<int64_t> unravel_index(int64_t flat, at::IntArrayRef shape) {
+  std::vector<int64_t> index(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  return index;
+}
+
+report::Check compare_exact(const std::string& path, const std::string& compared,
+                            const at::Tensor& prod_in, const at::Tensor& ref_in,
+                            const ElementDescriber& describe, bool keep_tensors,
+                            const std::optional<Expected>& expected_in, bool zero_allowed) {
+  report::Check check;
+  check.path = path;
+  check.exact = true;
+  check.compared = compared;
+  check.limit = 0;
+  const Expected expected = expected_in.value_or(Expected{prod_in.scalar_type(), prod_in.device()});
+  if (auto wrong = attribute_mismatch(path, prod_in, expected)) {
+    check.numel = prod_in.numel();
+    check.mismatches = check.numel;
+    check.failure = *wrong;
+    return check;
+  }
+  const auto prod = prod_in.detach().cpu().contiguous();
+  const auto ref = ref_in.detach().cpu().contiguous();
+  check.numel = prod.numel();
+  if (prod.sizes() != ref.sizes()) {
+    std::ostringstream msg;
+    msg << path << ": shape mismatch (" << compared << "): prod " << prod.sizes() << ", ref "
+        << ref.sizes();
+    check.failure = msg.str();
+    check.mismatches = check.numel;
+    return check;
+  }
+  if (keep_tensors) {
+    check.tensors = report::CheckTensors{bridge::to_tensor_data(prod), std::nullopt,
+                                         bridge::to_tensor_data(ref), std::nullopt};
+  }
+  const auto ref_rounded = ref.to(expected.dtype).contiguous();
+  const auto differs = bit_pattern(prod).ne(bit_pattern(ref_rounded));
+  check.mismatches = differs.sum().item<int64_t>();
+  const bool degenerate = check.numel == 0 || (!zero_allowed && !ref.ne(0).any().item<bool>());
+  check.passed = check.mismatches == 0 && !degenerate;
+  // Bit-identical tensors differ by exactly 0: fp64 statistics only when something differs
+  // (they are full-size temporaries, the bulk of the cost on 70B-sized weights).
+  if (check.mismatches > 0) {
+    const auto diff = (prod.to(at::kDouble) - ref_rounded.to(at::kDouble)).abs();
+    check.max_abs = diff.max().item<double>();
+    check.mean_abs = diff.mean().item<double>();
+  }
+  if (check.passed) return check;
+
+  std::ostringstream msg;
+  if (degenerate) {
+    msg << path << ": degenerate comparison (" << compared
+        << "): the reference is empty or all zero, so equality proves nothing";
+    check.failure = msg.str();
+    return check;
+  }
+  // Worst element: the largest difference among mismatching elements.
+  const auto score = (prod.to(at::kDouble) - ref_rounded.to(at::kDouble))
+                         .abs()
+                         .masked_fill(differs.logical_not(), -1.0);
+  const int64_t flat = score.argmax().item<int64_t>();
+  report::WorstElement worst;
+  worst.index = unravel_index(flat, prod.sizes());
+  worst.prod = prod.to(at::kDouble).view(-1)[flat].item<double>();
+  worst.ref = ref_rounded.to(at::kDouble).view(-1)[flat].item<double>();
+  const double fp64 = ref.to(at::kDouble).view(-1)[flat].item<double>();
+  if (fp64 != worst.ref) worst.ref_fp64 = fp64;
+  if (describe) worst.detail = describe(worst.index);
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.3g%%", 100.0 * check.mismatches / check.numel);
+  msg << path << ": not bit-exact (" << compared << ")\n"
+      << "        Mismatched elements: " << check.mismatches << " / " << check.numel << " (" << pct
+      << ")\n"
+      << "        Greatest absolute difference: " << g(check.max_abs) << " at index "
+      << format_index(worst.index) << " (up to 0 allowed)\n"
+      << "        at " << format_index(worst.index) << ": prod " << g(worst.prod) << ", ref "
+      << g(worst.ref);
+  if (worst.ref_fp64) msg << " (fp64 " << g(*worst.ref_fp64) << ")";
+  if (!worst.detail.empty()) msg << "; " << worst.detail;
+  check.worst = worst;
+  check.failure = msg.str();
+  return check;
+}
+
+double dtype_epsilon(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return 0x1.0p-10;
+    case at::kBFloat16:
+      return 0x1.0p-7;
+    case at::kDouble:
+      return 0x1.0p-52;
+    default:
+      return 0x1.0p-23;
+  }
+}
+
+double ulp(double magnitude, at::ScalarType dtype) {
+  if (magnitude == 0 || !std::isfinite(magnitude)) return 0;
+  return dtype_epsilon(dtype) * std::ldexp(1.0, std::ilogb(magnitude));
+}
+
+namespace {
+
+// The three values at flat index `flat` (fp64 tensors of one shape), with its index.
+report::WorstElement element_at(int64_t flat, const at::Tensor& prod, const at::Tensor& base,
+                                const at::Tensor& ref) {
+  report::WorstElement e;
+  e.index = unravel_index(flat, prod.sizes());
+  e.prod = prod.view(-1)[flat].item<double>();
+  e.ref = ref.view(-1)[flat].item<double>();
+  e.base = base.view(-1)[flat].item<double>();
+  return e;
+}
+
+}  // namespace
+
+namespace {
+
+// Counts the non-finite elements of t and returns the flat index of the first (-1: none).
+std::pair<int64_t, int64_t> non_finite(const at::Tensor& t) {
+  const auto bad = t.isfinite().logical_not().view(-1);
+  const int64_t count = bad.sum().item<int64_t>();
+  return {count, count ? bad.nonzero()[0][0].item<int64_t>() : -1};
+}
+
+}  // namespace
+
+report::Check compare_ratio(const RatioInputs& in) {
+  report::Check check;
+  check.path = in.path;
+  check.compared = "prod and same-dtype baseline vs fp64 reference";
+  check.gate_on_mean = in.statistic == ErrorStatistic::kMeanAbs;
+  const std::string& path = in.path;
+  if (auto wrong = attribute_mismatch(path, in.prod, in.expected)) {
+    check.numel = in.prod.defined() ? in.prod.numel() : 0;
+    check.mismatches = check.numel;
+    check.failure = *wrong;
+    return check;
+  }
+  const auto prod = in.prod.detach().cpu().to(at::kDouble).contiguous();
+  const auto base = in.base.detach().cpu().to(at::kDouble).contiguous();
+  const auto ref = in.ref.detach().cpu().to(at::kDouble).contiguous();
+  const auto sigma = in.sigma.detach().cpu().to(at::kDouble).contiguous();
+  check.numel = prod.numel();
+  if (prod.sizes() != ref.sizes() || base.sizes() != ref.sizes() || sigma.sizes() != ref.sizes()) {
+    std::ostringstream msg;
+    msg << path << ": the values for attribute 'shape' do not match: prod " << prod.sizes()
+        << ", base " << base.sizes() << ", expected " << ref.sizes();
+    check.failure = msg.str();
+    check.mismatches = check.numel;
+    return check;
+  }
+  if (in.keep_tensors) {
+    check.tensors = report::CheckTensors{
+        bridge::to_tensor_data(in.prod), bridge::to_tensor_data(in.base),
+        bridge::to_tensor_data(ref), bridge::to_tensor_data(sigma * kFloorSigmas)};
+  }
+  std::ostringstream msg;
+  // The exact result must be representable in the output format (a value rounds to a
+  // finite one below max + half an ulp of max; 2^-p max approximates that half ulp from
+  // below, erring towards calling a value representable).
+  const double ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
+  if (!std::isfinite(ref_max) || ref_max > in.format_max * (1.0 + 0x1.0p-11)) {
+    const int64_t flat = ref.abs().argmax().item<int64_t>();
+    check.out_of_range = true;
+    check.worst = element_at(flat, prod, base, ref);
+    msg << path << ": out of range for " << in.format
+        << ": the exact value reaches |ref| = " << g(ref_max) << " at index "
+        << format_index(check.worst->index) << ", beyond " << in.format
+        << "'s largest finite value " << g(in.format_max) << "; no correct " << in.format
+        << " output holds it (the case, not the kernel)";
+    check.failure = msg.str();
+    return check;
+  }
+  const auto [prod_bad, prod_first] = non_finite(prod);
+  const auto [base_bad, base_first] = non_finite(base);
+  if (prod_bad > 0) {
+    check.worst = element_at(prod_first, prod, base, ref);
+    check.mismatches = prod_bad;
+    check.max_abs = std::numeric_limits<double>::infinity();
+    check.mean_abs = std::numeric_limits<double>::infinity();
+    check.error_to_limit = std::numeric_limits<double>::infinity();
+    const auto& w = *check.worst;
+    msg << path << ": prod has " << prod_bad << " non-finite element" << (prod_bad == 1 ? "" : "s")
+        << " (NaN or Inf) of " << check.numel << "; first at index " << format_index(w.index)
+        << ": prod " << g(w.prod) << ", base " << g(*w.base) << ", ref " << g(w.ref);
+    if (!in.model_overflow.empty()) {
+      check.out_of_range = true;
+      const std::string& f = in.model_format.empty() ? in.format : in.model_format;
+      msg << "; a careful implementation overflows too (" << in.model_overflow
+          << "): the case is out of range for " << f << ", not a verdict on prod";
+    } else {
+      msg << "; the exact result is finite and within " << in.format << " range (max |ref| "
+          << g(ref_max) << ")" << (base_bad ? " (base overflows as well)" : "");
+    }
+    check.failure = msg.str();
+    return check;
+  }
+  const auto diff = (prod - ref).abs();
+  {
+    const auto bins =
+        ((diff.clamp_min(1e-300).log10() - report::kErrorBinLow) / report::kErrorBinStep)
+            .floor()
+            .clamp(0, report::kErrorBins - 1)
+            .to(at::kLong);
+    const auto counts = at::bincount(bins.flatten(), {}, report::kErrorBins);
+    check.error_histogram.assign(counts.data_ptr<int64_t>(),
+                                 counts.data_ptr<int64_t>() + counts.numel());
+  }
+  check.max_abs = check.numel ? diff.max().item<double>() : 0.0;
+  check.mean_abs = check.numel ? diff.mean().item<double>() : 0.0;
+  const auto floor = sigma * kFloorSigmas;
+  const auto safe_floor = floor.clamp_min(std::numeric_limits<double>::min());
+  if (check.numel > 0) check.floor_use = (diff / safe_floor).max().item<double>();
+  double base_term = 0;
+  if (base_bad > 0) {
+    // Judged on its own: the baseline's error says nothing when it overflowed.
+    check.note = "base has " + std::to_string(base_bad) +
+                 " non-finite elements (it overflowed where prod did not): prod is judged "
+                 "against the floor alone";
+  } else {
+    const auto base_diff = (base - ref).abs();
+    if (check.numel > 0) check.baseline_floor_use = (base_diff / safe_floor).max().item<double>();
+    check.baseline_max_abs = check.numel ? base_diff.max().item<double>() : 0.0;
+    check.baseline_mean_abs = check.numel ? base_diff.mean().item<double>() : 0.0;
+    base_term = in.ratio * *check.gated_baseline_error();
+  }
+  const double ref_norm = ref.norm().item<double>(), prod_norm = prod.norm().item<double>();
+  check.rel_fro = ref_norm > 0 ? (prod - ref).norm().item<double>() / ref_norm : 0.0;
+  check.cosine = ref_norm > 0 && prod_norm > 0
+                     ? (prod * ref).sum().item<double>() / (prod_norm * ref_norm)
+                     : 0.0;
+  const auto [rtol, atol] = report::assert_close_tolerances(
+      bridge::dtype_name(in.prod.scalar_type()), bridge::dtype_name(in.expected.dtype));
+  check.mismatches = diff.gt(ref.abs() * rtol + atol).sum().item<int64_t>();
+  const bool degenerate = ref_norm == 0 || prod_norm == 0;
+  int64_t over = 0;
+  if (check.numel > 0) {
+    const auto limit = floor + base_term;
+    if (check.gate_on_mean) {
+      // The mean error against the mean limit: every element within its own limit keeps the
+      // mean within theirs.
+      const double mean_floor = floor.mean().item<double>();
+      check.limit = base_term + mean_floor;
+      check.floor = mean_floor;
+      check.error_to_limit =
+          check.limit > 0 ? check.mean_abs / check.limit : (check.mean_abs > 0 ? INFINITY : 0.0);
+      check.worst = element_at(diff.argmax().item<int64_t>(), prod, base, ref);
+    } else {
+      // The worst element is the one nearest (or furthest past) its own limit.
+      const auto score = diff / limit.clamp_min(std::numeric_limits<double>::min());
+      const int64_t flat = score.argmax().item<int64_t>();
+      check.worst = element_at(flat, prod, base, ref);
+      check.limit = limit.view(-1)[flat].item<double>();
+      check.floor = floor.view(-1)[flat].item<double>();
+      check.error_to_limit = score.view(-1)[flat].item<double>();
+      over = diff.gt(limit).sum().item<int64_t>();
+    }
+  }
+  check.passed = !degenerate && check.error_to_limit.value_or(0) <= 1.0;
+  if (check.passed) return check;
+  if (degenerate) {
+    msg << path << ": degenerate: " << (ref_norm == 0 ? "the reference" : "prod")
+        << " is all zero (a zero gradient is a failure, not a pass)";
+    check.failure = msg.str();
+    return check;
+  }
+  const auto& w = *check.worst;
+  const double prod_err = std::abs(w.prod - w.ref);
+  const char* setter = *check.floor >= check.limit - *check.floor ? "the floor" : "the base term";
+  const std::string model = in.precision.empty() ? in.format : in.precision;
+  if (check.gate_on_mean) {
+    msg << path << ": mean |prod - ref| " << g(check.mean_abs) << " > limit " << g(check.limit)
+        << " = " << in.ratio << " x mean |base - ref| " << g(check.baseline_mean_abs.value_or(0))
+        << " + mean floor " << g(*check.floor) << " (" << kFloorSigmas
+        << " sigma of a careful implementation's rounding, " << model << "); " << setter
+        << " set the limit\n";
+  } else {
+    msg << path << ": |prod - ref| " << g(prod_err) << " at index " << format_index(w.index)
+        << " > limit " << g(check.limit) << " = " << in.ratio << " x err(base) "
+        << g(check.baseline_max_abs.value_or(0)) << " + floor " << g(*check.floor) << " ("
+        << kFloorSigmas << " sigma of a careful implementation's rounding there, " << model << "); "
+        << setter << " set the limit\n"
+        << "        Elements over their limit: " << over << " / " << check.numel << "\n";
+  }
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.3g%%", 100.0 * check.mismatches / check.numel);
+  msg << "        Mismatched elements (assert_close rtol " << rtol << ", atol " << atol
+      << "): " << check.mismatches << " / " << check.numel << " (" << pct << ")\n"
+      << "        Greatest absolute difference: " << g(check.max_abs) << "\n"
+      << "        at " << format_index(w.index) << ": prod " << g(w.prod) << ", base " << g(*w.base)
+      << ", ref " << g(w.ref) << "; relative Frobenius error " << g(*check.rel_fro) << ", cosine "
+      << g(*check.cosine);
+  if (!check.note.empty()) msg << "\n        " << check.note;
+  check.failure = msg.str();
+  return check;
+}
+
+report::Check expect_rejection(const std::string& path, const std::string& compared, bool rejected,
+                               const std::string& detail) {
+  report::Check check;
+  check.path = path;
+  check.exact = true;
+  check.compared = compared;
+  check.numel = 1;
+  check.mismatches = rejected ? 0 : 1;
+  check.max_abs = rejected ? 0 : 1;
+  check.passed = rejected;
+  if (!rejected) {
+    check.failure = path + ": expected a refusal (" + compared + ") but the operation proceeded" +
+                    (detail.empty() ? "" : "; " + detail);
+  }
+  return check;
+}
+
+}  // namespace gradscope

@@ -1,0 +1,222 @@
+// What a careless or hostile user can hand the CLI: output targets that are devices, pipes
+// or the same file twice, signals during a write, reports holding non-finite numbers, dumps
+// that are FIFOs or of an unknown schema, checkpoints that contradict their case. Each gets
+// exit 0 or 2 (stated per test), a message naming the problem, and no file left behind.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "cli_capture.h"
+#include "harness/common/file_system.h"
+#include "reports/output_file.h"
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+using testing::TempDir;
+
+const char* kCase = R"(kind = "lora_w"
+in_features = 64
+out_features = 32
+)";
+
+testing::CliResult cli(const std::vector<std::string>& args) {
+  return testing::run_captured(args);
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool is_character_device(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+TEST(OutputFiles, DevicesAreWrittenThroughNeverReplaced) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  const auto r = cli({"run", c, "--json", "/dev/null", "--quiet"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(is_character_device("/dev/null"));
+  // /dev/full fails every write with ENOSPC: the run says so and exits 2.
+  if (is_character_device("/dev/full")) {
+    const auto full = cli({"run", c, "--json", "/dev/full", "--quiet"});
+    EXPECT_EQ(full.code, 2);
+    EXPECT_NE(full.err.find("/dev/full: No space left on device"), std::string::npos) << full.err;
+    EXPECT_TRUE(is_character_device("/dev/full"));
+  }
+  // An HDF5 dump needs a regular file.
+  const auto dump = cli({"run", c, "--dump", "/dev/null", "--quiet"});
+  EXPECT_EQ(dump.code, 2);
+  EXPECT_NE(dump.err.find("regular file"), std::string::npos) << dump.err;
+  EXPECT_EQ(files::find_files(dir.path(), ""), std::vector<std::string>{c});
+}
+
+TEST(OutputFiles, SameTargetTwiceEmptyOrDashIsRefused) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } bad[] = {
+      {{"run", c, "--json", dir.path("x"), "--dump", dir.path("x")}, "the same file as --json"},
+      {{"run", c, "--json", dir.path("./x"), "--html", dir.path("x")}, "the same file as --json"},
+      {{"run", c, "--json", c}, "is an input"},
+      {{"run", c, "--json", ""}, "--json"},
+      {{"run", c, "--inject", ""}, "--inject"},
+      {{"run", c, "--json", "-"}, "standard output"},
+      {{"run", c, "--junit", dir.path()}, "folder"},
+  };
+  for (const auto& b : bad) {
+    const auto r = cli(b.args);
+    EXPECT_EQ(r.code, 2) << b.expected << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(b.expected), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(read(c), kCase);
+  EXPECT_EQ(files::find_files(dir.path(), ""), std::vector<std::string>{c});
+}
+
+// A temporary's name is not predictable from the target and the pid, and it is created
+// exclusively: a file planted at the old name is neither followed nor overwritten.
+TEST(OutputFiles, TemporariesAreExclusiveAndRemovedOnError) {
+  TempDir dir;
+  const auto target = dir.path("r.json");
+  const auto planted = dir.path("r.json.tmp." + std::to_string(::getpid()));
+  const auto victim = dir.write("victim", "keep");
+  ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0);
+  report::write_output_file(target, "{}\n");
+  EXPECT_EQ(read(target), "{}\n");
+  EXPECT_EQ(read(victim), "keep");
+  {
+    report::StagedFile staged(dir.path("never.json"));
+    staged.write("partial");
+    EXPECT_TRUE(files::is_regular_file(staged.temp_path()));
+  }  // not committed: removed
+  EXPECT_FALSE(files::exists(dir.path("never.json")));
+  for (const auto& f : files::find_files(dir.path(), "")) {
+    EXPECT_TRUE(f == target || f == victim || f == planted) << "left behind: " << f;
+  }
+}
+
+// SIGTERM while a temporary exists removes it and still ends the process by that signal.
+TEST(OutputFiles, SignalRemovesTemporaries) {
+  TempDir dir;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    report::StagedFile staged(dir.path("out.h5"));
+    staged.write("partial dump");
+    std::raise(SIGTERM);
+    ::_exit(0);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+  EXPECT_TRUE(files::find_files(dir.path(), "").empty());
+}
+
+TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  ASSERT_EQ(cli({"run", c, "--json", dir.path("a.json"), "--quiet"}).code, 0);
+  std::string text = read(dir.path("a.json"));
+  // An accepted report whose first check had a non-finite error, as gradscope writes it, and
+  // as a report of an older version (null) did.
+  for (const char* replacement : {"\"max_abs\": \"inf\"", "\"max_abs\": null"}) {
+    std::string edited = text;
+    const auto at = edited.find("\"max_abs\": ");
+    ASSERT_NE(at, std::string::npos);
+    edited.replace(at, edited.find(',', at) - at, replacement);
+    const auto accepted = dir.write("accepted.json", edited);
+    const auto r = cli({"run", c, "--against", accepted, "--quiet"});
+    EXPECT_EQ(r.code, 0) << replacement << "\n" << r.out << r.err;  // finite now: no regression
+  }
+  const auto bad = dir.write("bad.json", R"({"tool": "gradscope", "cases": [{"checks": [
+      {"path": "p", "max_abs": "huge"}]}]})");
+  const auto r = cli({"run", c, "--against", bad, "--quiet"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("p max_abs is \"huge\""), std::string::npos) << r.err;
+}
+
+TEST(Dumps, FifosUnknownSchemasAndNaNs) {
+  TempDir dir;
+  const auto fifo = dir.path("pipe.h5");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto show = cli({"show", fifo});  // must not block in open()
+  EXPECT_EQ(show.code, 2);
+  EXPECT_NE(show.err.find("not a regular file"), std::string::npos) << show.err;
+  const auto c = dir.write("c.toml", kCase);
+  ASSERT_EQ(cli({"run", c, "--dump", dir.path("a.h5"), "--quiet"}).code, 0);
+  const auto same = cli({"diff", dir.path("a.h5"), dir.path("a.h5")});
+  EXPECT_EQ(same.code, 0) << same.out << same.err;
+  for (const char* tolerance : {"-1", "nan"}) {
+    const auto r =
+        cli({"diff", dir.path("a.h5"), dir.path("a.h5"), "--rtol", tolerance, "--atol", "0"});
+    EXPECT_EQ(r.code, 2) << tolerance << r.out << r.err;
+    EXPECT_NE(r.err.find("--rtol"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Checkpoints, CaseFieldsThatContradictTheCheckpointAreRefused) {
+  TempDir dir;
+  const std::string fixture = std::string(GRADSCOPE_TEST_DATA_DIR) + "/tiny-gptq-v2-3bit-sharded";
+  const std::string base =
+      "kind = \"mlp\"\nhidden = 64\nintermediate = 128\ncheckpoint = \"" + fixture + "\"\n";
+  const std::string matching = "bits = 3\ngroup_size = 32\nsym = false\nformat = \"gptq_v2\"\n";
+  const auto ok = cli({"run", dir.write("ok.toml", base + matching), "--quiet"});
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  const struct {
+    std::string text, expected;
+  } bad[] = {
+      {base + "group_size = 32\nsym = false\nformat = \"gptq_v2\"\n", "bits is 3"},
+      {base + "bits = 3\nsym = false\nformat = \"gptq_v2\"\n", "group_size is 32"},
+      {base + "bits = 3\ngroup_size = 32\nformat = \"gptq_v2\"\n", "sym is false"},
+      {base + "bits = 3\ngroup_size = 32\nsym = false\n", "format is gptq_v2"},
+      {base + matching + "desc_act = true\n", "desc_act is false"},
+      {base + matching + "layer = 2\n", "model.layers.2"},
+      {"kind = \"mlp\"\nhidden = 64\nintermediate = 128\ncheckpoint = \"" + dir.path("none") +
+           "\"\n",
+       "checkpoint folder not found"},
+  };
+  for (const auto& b : bad) {
+    const auto r = cli({"run", dir.write("bad.toml", b.text), "--quiet"});
+    EXPECT_EQ(r.code, 2) << b.text << r.out << r.err;
+    EXPECT_NE((r.out + r.err).find(b.expected), std::string::npos) << r.out << r.err;
+  }
+  const auto into = cli({"dequant", "--checkpoint", fixture, "--module",
+                         "model.layers.0.mlp.down_proj", "--out", fixture + "/w.h5"});
+  EXPECT_EQ(into.code, 2);
+  EXPECT_NE(into.err.find("inside the checkpoint folder"), std::string::npos) << into.err;
+}
+
+TEST(Messages, SayWhatIsWrong) {
+  TempDir dir;
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } bad[] = {
+      {{"run", dir.write("k.toml", "kind = 3\n")}, "key 'kind' must be a string, got an integer"},
+      {{"run", dir.path()}, "is a folder"},
+      {{"frobnicate"}, "frobnicate"},
+      {{"run", dir.write("c.toml", kCase), "--seed", "-1"}, "--seed"},
+  };
+  for (const auto& b : bad) {
+    const auto r = cli(b.args);
+    EXPECT_EQ(r.code, 2) << b.expected << r.out << r.err;
+    EXPECT_NE(r.err.find(b.expected), std::string::npos) << r.err;
+    EXPECT_LT(r.err.size(), 400u) << r.err;  // one line, not DBL_MAX in 309 digits
+  }
+}
+
+}  // namespace
+}  // namespace gradscope
