@@ -5,7 +5,7 @@
 # builds, runs the CTest suite and the smoke and gpu suites with --device cuda, and
 # writes every log and JSON report into the given folder.
 # STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
-# "killmatrix": every fault on the gpu suite; "bench": gradscope_bench, the timings against
+# "killmatrix": every fault on the gpu suite (KILL_SUITE picks another); "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
 # multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL, the
 # Python FSDP2 test on 2 GPUs and the shard-by-shard loading memory bench; "determinism": the
@@ -164,7 +164,7 @@ if has_step profile; then
   done
 fi
 if has_step killmatrix; then
-  run killmatrix python3 scripts/kill-matrix.py "$BUILD_DIR/gradscope" --suite gpu --device cuda \
-    --fail-fast --scoped --markdown "$OUT/kill-matrix-gpu.md"
+  run killmatrix python3 scripts/kill-matrix.py "$BUILD_DIR/gradscope" --suite "${KILL_SUITE:-gpu}" \
+    --device cuda --fail-fast --scoped --markdown "$OUT/kill-matrix-${KILL_SUITE:-gpu}-cuda.md"
 fi
 exit $status

@@ -226,8 +226,8 @@ bool same_file(const std::string& a, const std::string& b) {
 
 // Every output a command will write, checked before any work: writable (a file in an
 // existing folder, or a device or pipe written through: reports/output_file.h), not "-",
-// no two outputs on one file, no output on one of the command's inputs, none inside a
-// checkpoint folder it reads.
+// no two outputs on one file, no output on one of the command's inputs, none replacing a
+// file of a checkpoint folder it reads.
 void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
                    const std::string& checkpoint_dir = "") {
   std::vector<NamedPath> files_so_far;
@@ -255,12 +255,12 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
         throw InputError(out.flag + " " + out.path + ": is an input of this run (" + in.flag + ")");
       }
     }
-    if (!checkpoint_dir.empty()) {
+    if (!checkpoint_dir.empty() && files::exists(out.path)) {
       char buf[PATH_MAX];
       const std::string dir = ::realpath(checkpoint_dir.c_str(), buf) ? buf : checkpoint_dir;
       if (resolved_name(out.path).rfind(dir + "/", 0) == 0) {
-        throw InputError(out.flag + " " + out.path + ": inside the checkpoint folder " +
-                         checkpoint_dir + " (gradscope never writes there)");
+        throw InputError(out.flag + " " + out.path + ": would replace a file of the checkpoint " +
+                         checkpoint_dir + " this command reads");
       }
     }
     files_so_far.push_back(out);
