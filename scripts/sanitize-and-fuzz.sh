@@ -16,7 +16,8 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelW
   -DGRADSCOPE_WITH_CUDA=OFF -DGRADSCOPE_SANITIZE=ON -DGRADSCOPE_FUZZ=ON >"$BUILD_DIR/configure.log" 2>&1 ||
   { cat "$BUILD_DIR/configure.log"; exit 1; }
 cmake --build "$BUILD_DIR" -j "$JOBS" --target gradscope_tests reference_tests gradscope \
-  case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer
+  case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer against_report_fuzzer \
+  checkpoint_config_fuzzer
 echo "sanitize-and-fuzz: build $((SECONDS - start)) s"
 
 # libtorch and libhdf5 are not instrumented; container-overflow checks need every
@@ -35,7 +36,8 @@ echo "sanitize-and-fuzz: tests under ASan+UBSan $((SECONDS - start)) s"
 
 findings="$BUILD_DIR/fuzz-findings"
 mkdir -p "$findings"
-for fuzzer in case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer; do
+for fuzzer in case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer against_report_fuzzer \
+  checkpoint_config_fuzzer; do
   corpus="$BUILD_DIR/fuzz-corpus/${fuzzer%_fuzzer}"
   mkdir -p "$corpus"
   start=$SECONDS

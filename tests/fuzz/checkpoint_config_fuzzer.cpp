@@ -1,0 +1,44 @@
+// libFuzzer target: bytes as a checkpoint's quantize_config.json and config.json, through the
+// readers of the quantization config and the model's dimensions. A file they cannot use must
+// end in an InputError naming it; any other exception or a crash is a finding.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "harness/checkpoint/gptq_config.h"
+#include "harness/common/input_error.h"
+
+namespace {
+
+void write(const std::string& path, const uint8_t* data, size_t size) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return;
+  std::fwrite(data, 1, size, f);
+  std::fclose(f);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // A scratch checkpoint folder per process; both files get the input.
+  static const std::string dir = [] {
+    const std::string d = "/tmp/gradscope-fuzz-config-" + std::to_string(::getpid());
+    ::mkdir(d.c_str(), 0700);
+    return d;
+  }();
+  write(dir + "/quantize_config.json", data, size);
+  write(dir + "/config.json", data, size);
+  try {
+    gradscope::read_quantize_config(dir);
+  } catch (const gradscope::InputError&) {
+  }
+  try {
+    gradscope::read_model_dims(dir);
+  } catch (const gradscope::InputError&) {
+  }
+  return 0;
+}
