@@ -380,23 +380,52 @@ void write_atomically(const std::string& path, Fill&& fill) {
 
 }  // namespace
 
+struct DumpWriter::State {
+  State(const std::string& path, const DumpOptions& options)
+      : staged(path), writer(staged.temp_path(), path), options(options) {}
+  StagedFile staged;
+  Writer writer;
+  DumpOptions options;
+};
+
+DumpWriter::DumpWriter(const std::string& path, const DumpOptions& options) {
+  if (output_target(path) != OutputTarget::kRegularFile) {
+    throw DumpError("cannot write " + path +
+                    ": an HDF5 file must be a regular file, not a device or pipe");
+  }
+  state_ = std::make_unique<State>(path, options);
+}
+
+DumpWriter::~DumpWriter() = default;
+
+void DumpWriter::add_case(const CaseResult& c) {
+  if (!state_) throw DumpError("dump already finished");
+  if (state_->options.failing_only && c.passed()) return;
+  write_case(state_->writer, c, state_->options);
+}
+
+void DumpWriter::finish(const RunReport& report) {
+  if (!state_) throw DumpError("dump already finished");
+  auto& w = state_->writer;
+  w.attribute("/", "format", std::string(kDumpFormat));
+  w.attribute("/", "schema_version", static_cast<int64_t>(kDumpSchemaVersion));
+  w.attribute("/", "gradscope_version", report.version);
+  const auto& env = report.environment;
+  w.attribute("/", "commit", env.commit);
+  w.attribute("/", "device", env.device);
+  w.attribute("/", "gpu", env.gpu.value_or(""));
+  w.attribute("/", "torch", env.torch);
+  w.attribute("/", "cuda", env.cuda.value_or(""));
+  w.attribute("/", "compiler", env.compiler);
+  w.close();
+  state_->staged.commit();
+  state_.reset();
+}
+
 void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options) {
-  write_atomically(path, [&](Writer& w) {
-    w.attribute("/", "format", std::string(kDumpFormat));
-    w.attribute("/", "schema_version", static_cast<int64_t>(kDumpSchemaVersion));
-    w.attribute("/", "gradscope_version", report.version);
-    const auto& env = report.environment;
-    w.attribute("/", "commit", env.commit);
-    w.attribute("/", "device", env.device);
-    w.attribute("/", "gpu", env.gpu.value_or(""));
-    w.attribute("/", "torch", env.torch);
-    w.attribute("/", "cuda", env.cuda.value_or(""));
-    w.attribute("/", "compiler", env.compiler);
-    for (const auto& c : report.cases) {
-      if (options.failing_only && c.passed()) continue;
-      write_case(w, c, options);
-    }
-  });
+  DumpWriter dump(path, options);
+  for (const auto& c : report.cases) dump.add_case(c);
+  dump.finish(report);
 }
 
 void write_arrays(const std::string& path, const std::map<std::string, std::string>& attributes,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,8 +22,27 @@ struct DumpOptions {
   bool gradients_only = false;  // only checks of gradients (paths ending in ".grad"), no inputs
 };
 
-// Writes the whole file or nothing (temporary file, then rename). Identical runs give
-// identical bytes: HDF5 object timestamps are switched off.
+// A dump written case by case: add_case() puts a case's tensors into the file as soon as the
+// case ends, so the caller can drop them (a run holds one case's tensors, not the run's);
+// finish() adds the run's attributes and moves the file into place. Destroyed unfinished (an
+// error), it leaves nothing behind. Identical runs give identical bytes: HDF5 object
+// timestamps are switched off.
+class DumpWriter {
+ public:
+  DumpWriter(const std::string& path, const DumpOptions& options);
+  ~DumpWriter();
+  DumpWriter(const DumpWriter&) = delete;
+  DumpWriter& operator=(const DumpWriter&) = delete;
+
+  void add_case(const CaseResult& c);
+  void finish(const RunReport& report);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// The same for a finished report, in one call.
 void write_dump(const std::string& path, const RunReport& report, const DumpOptions& options);
 
 // Named arrays at the root of a new HDF5 file (string attributes on the root), for

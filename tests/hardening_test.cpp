@@ -15,6 +15,7 @@
 
 #include "cli_capture.h"
 #include "harness/common/file_system.h"
+#include "reports/hdf5_dump.h"
 #include "reports/output_file.h"
 #include "test_files.h"
 
@@ -125,6 +126,33 @@ TEST(OutputFiles, SignalRemovesTemporaries) {
   EXPECT_TRUE(files::find_files(dir.path(), "").empty());
 }
 
+// A dump is written case by case; one abandoned before finish() (an error in a later case)
+// leaves no file, and one finished holds every case added.
+TEST(Dumps, WrittenCaseByCaseOrNotAtAll) {
+  TempDir dir;
+  report::CaseResult c;
+  c.id = "case";
+  c.kind = "lora_w";
+  report::Check check;
+  check.path = "case/x";
+  check.tensors = report::CheckTensors{report::TensorData{"fp32", {2}, {1.0, 2.0}}, std::nullopt,
+                                       report::TensorData{"fp64", {2}, {1.0, 2.0}}, std::nullopt};
+  c.checks.push_back(check);
+  {
+    report::DumpWriter abandoned(dir.path("a.h5"), {});
+    abandoned.add_case(c);
+  }
+  EXPECT_TRUE(files::find_files(dir.path(), "").empty());
+  report::RunReport run;
+  run.cases.push_back(c);
+  report::DumpWriter dump(dir.path("b.h5"), {});
+  dump.add_case(c);
+  dump.finish(run);
+  const auto read = report::read_dump(dir.path("b.h5"));
+  EXPECT_EQ(read.cases, std::vector<std::string>{"case"});
+  EXPECT_EQ(files::find_files(dir.path(), ""), std::vector<std::string>{dir.path("b.h5")});
+}
+
 TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
   TempDir dir;
   const auto c = dir.write("c.toml", kCase);
@@ -197,6 +225,17 @@ TEST(Checkpoints, CaseFieldsThatContradictTheCheckpointAreRefused) {
                          "model.layers.0.mlp.down_proj", "--out", fixture + "/config.json"});
   EXPECT_EQ(into.code, 2);
   EXPECT_NE(into.err.find("would replace a file of the checkpoint"), std::string::npos) << into.err;
+}
+
+// Sizes inside the accepted ranges that this machine cannot hold are refused before anything
+// is allocated (exit 2 naming the size), not an abort.
+TEST(Resources, ExportTooLargeForTheMachineIsRefused) {
+  TempDir dir;
+  const auto r = cli({"export", "--out", dir.path("huge"), "--layers", "1024", "--hidden", "65536",
+                      "--intermediate", "131072", "--heads", "64", "--kv-heads", "8"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("GiB; this machine has"), std::string::npos) << r.err;
+  EXPECT_TRUE(files::find_files(dir.path(), "").empty());
 }
 
 TEST(Messages, SayWhatIsWrong) {

@@ -317,6 +317,10 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");
   const report::ConsoleOptions console{o.quiet};
   const RunOptions options{!o.dump.empty()};
+  // The dump is written case by case, each case's tensors dropped once they are in the file.
+  std::optional<report::DumpWriter> dump;
+  if (!o.dump.empty())
+    dump.emplace(o.dump, report::DumpOptions{o.dump_failing_only, o.dump_gradients_only});
   // The production code runs as the faulty variant for this run only.
   std::optional<ScopedFault> injected;
   if (fault) injected.emplace(fault->fault);
@@ -338,6 +342,12 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
                    selected[i].id.c_str());
     }
     report.cases.push_back(run_case(selected[i], program, options));
+    if (dump) {
+      auto& done = report.cases.back();
+      dump->add_case(done);
+      done.inputs.clear();
+      for (auto& check : done.checks) check.tensors.reset();
+    }
     if (progress) std::fprintf(stderr, "\r\x1b[K");
     report::print_case(std::cout, report.cases.back(), console);
     std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
@@ -351,9 +361,7 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   if (!o.json.empty()) {
     report::write_output_file(o.json, report::to_json(report).dump(2) + "\n");
   }
-  if (!o.dump.empty()) {
-    report::write_dump(o.dump, report, {o.dump_failing_only, o.dump_gradients_only});
-  }
+  if (dump) dump->finish(report);
   if (!o.junit.empty()) report::write_output_file(o.junit, report::to_junit_xml(report));
   if (!o.html.empty()) report::write_output_file(o.html, report::to_html(report));
   return report;
