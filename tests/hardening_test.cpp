@@ -187,6 +187,12 @@ TEST(Dumps, FifosUnknownSchemasAndNaNs) {
   ASSERT_EQ(cli({"run", c, "--dump", dir.path("a.h5"), "--quiet"}).code, 0);
   const auto same = cli({"diff", dir.path("a.h5"), dir.path("a.h5")});
   EXPECT_EQ(same.code, 0) << same.out << same.err;
+  // Every case passed: a --dump-failing-only dump holds no tensors, and is still a dump.
+  ASSERT_EQ(cli({"run", c, "--dump", dir.path("empty.h5"), "--dump-failing-only", "--quiet"}).code,
+            0);
+  const auto empty = cli({"show", dir.path("empty.h5")});
+  EXPECT_EQ(empty.code, 0) << empty.err;
+  EXPECT_NE(empty.out.find("cases: 0"), std::string::npos) << empty.out;
   for (const char* tolerance : {"-1", "nan"}) {
     const auto r =
         cli({"diff", dir.path("a.h5"), dir.path("a.h5"), "--rtol", tolerance, "--atol", "0"});

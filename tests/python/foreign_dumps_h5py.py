@@ -12,6 +12,12 @@ import sys
 import h5py
 
 gradscope, dump, work = sys.argv[1:4]
+
+
+def _datasets(f):
+    found = []
+    f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return found
 os.makedirs(work, exist_ok=True)
 
 
@@ -39,4 +45,16 @@ with h5py.File(future, "r+") as f:
 r = show(future)
 assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
 assert "schema_version '99'" in r.stderr, r.stderr
-print("foreign dumps: variable-length format read, schema_version 99 refused")
+# NaN at the same element of both files is the same value: a dump diffed with itself is clean.
+nan = os.path.join(work, "nan.h5")
+shutil.copy(dump, nan)
+with h5py.File(nan, "r+") as f:
+    name = next(p for p in _datasets(f) if p.endswith("/prod"))
+    values = f[name][()]
+    values.flat[0] = float("nan")
+    f[name][...] = values
+r = subprocess.run([gradscope, "diff", nan, nan], capture_output=True, text=True, timeout=120)
+assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr)
+r = subprocess.run([gradscope, "diff", nan, dump], capture_output=True, text=True, timeout=120)
+assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr)
+print("foreign dumps: variable-length format read, schema_version 99 refused, NaN = NaN")
