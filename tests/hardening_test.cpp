@@ -174,6 +174,11 @@ TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
   const auto r = cli({"run", c, "--against", bad, "--quiet"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("p max_abs is \"huge\""), std::string::npos) << r.err;
+  // A field of another type where a string belongs (the fuzzer's first find).
+  const auto foreign = dir.write("foreign.json", R"({"tool": 5742910490})");
+  const auto f = cli({"run", c, "--against", foreign, "--quiet"});
+  EXPECT_EQ(f.code, 2);
+  EXPECT_NE(f.err.find("not a gradscope JSON report"), std::string::npos) << f.err;
 }
 
 TEST(Dumps, FifosUnknownSchemasAndNaNs) {

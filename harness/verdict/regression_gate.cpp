@@ -49,7 +49,10 @@ std::map<std::string, Score> read_accepted(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw InputError("--against " + path + ": not JSON (" + e.what() + ")");
   }
-  if (!j.is_object() || j.value("tool", "") != "gradscope" || !j.contains("cases") ||
+  // Types are checked before any value is read: nlohmann's typed access throws type_error,
+  // which is not an InputError (found by tests/fuzz/against_report_fuzzer.cpp).
+  if (!j.is_object() || !j.contains("tool") || !j["tool"].is_string() ||
+      j["tool"].get<std::string>() != "gradscope" || !j.contains("cases") ||
       !j["cases"].is_array()) {
     throw InputError("--against " + path + ": not a gradscope JSON report (no tool/cases)");
   }
