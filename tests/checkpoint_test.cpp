@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cli_capture.h"
+#include "error_text.h"
 #include "harness/checkpoint/checkpoint_reader.h"
 #include "harness/checkpoint/checkpoint_writer.h"
 #include "harness/checkpoint/safetensors_file.h"
@@ -23,15 +24,6 @@ namespace {
 using testing::TempDir;
 
 const std::string kData = GRADSCOPE_TEST_DATA_DIR;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -105,7 +97,8 @@ TEST(Checkpoint, ExportRoundTripsBitExact) {
   expect_matches_regeneration({o.dir, 11, 2, options(2, -1, true, true, ZeroPointFormat::kGptqV1),
                                ZeroPointFormat::kGptqV1});
   // A second export into the same folder is refused; nothing temporary is left beside it.
-  EXPECT_NE(error_of([&] { export_checkpoint(o); }).find("already exists"), std::string::npos);
+  EXPECT_NE(testing::input_error_of([&] { export_checkpoint(o); }).find("already exists"),
+            std::string::npos);
   EXPECT_EQ(files::subdirectories(dir.path()), std::vector<std::string>{"ck"});
 }
 
@@ -116,7 +109,7 @@ std::string file_image(const std::string& header, const std::string& data) {
 }
 
 std::string header_error(const std::string& image) {
-  return error_of([&] {
+  return testing::input_error_of([&] {
     safetensors::parse_header(reinterpret_cast<const uint8_t*>(image.data()), image.size(),
                               "f.safetensors");
   });
@@ -205,7 +198,8 @@ std::string corrupted_copy(const TempDir& dir, const std::string& name,
 }
 
 std::string load_error(const std::string& dir) {
-  return error_of([&] { GptqCheckpoint(dir).load("model.layers.0.self_attn.o_proj"); });
+  return testing::input_error_of(
+      [&] { GptqCheckpoint(dir).load("model.layers.0.self_attn.o_proj"); });
 }
 
 TEST(Checkpoint, BadTensorsAreRefusedNamingFileAndTensor) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "error_text.h"
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
 #include "gradscope/swiglu.h"
@@ -28,39 +29,33 @@ LoraProjection projection(int64_t in, int64_t out, int64_t r = 4) {
   return p;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 TEST(LoraOps, ValidationNamesTheTensorAndTheExpectation) {
   const auto p = projection(64, 32);
   const auto x = at::randn({2, 8, 64});
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::torch_error_of([&] {
               lora_w(at::randn({8, 48}), p);
             }).find("x has 48 features but the base weight has in_features 64"),
             std::string::npos);
   auto bad = p;
   bad.lora_A = at::randn({4, 32});
-  EXPECT_NE(error_of([&] { lora_w(x, bad); }).find("lora_A must be [r, 64]"), std::string::npos);
+  EXPECT_NE(testing::torch_error_of([&] { lora_w(x, bad); }).find("lora_A must be [r, 64]"),
+            std::string::npos);
   bad = p;
   bad.lora_B = at::randn({32, 5});
-  EXPECT_NE(error_of([&] { lora_w(x, bad); }).find("lora_B must be [32, 4]"), std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::torch_error_of([&] { lora_w(x, bad); }).find("lora_B must be [32, 4]"),
+            std::string::npos);
+  EXPECT_NE(testing::torch_error_of([&] {
               lora_w(x, p, LoraDropout{1.0, at::ones({2, 8, 64}, at::kBool)});
             }).find("dropout p must lie in [0, 1)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::torch_error_of([&] {
               lora_w(x, p, LoraDropout{0.1, at::ones({7}, at::kBool)});
             }).find("dropout mask has 7 elements"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { lora_w(x.to(at::kDouble), p); }).find("x must be float32"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(
+      testing::torch_error_of([&] { lora_w(x.to(at::kDouble), p); }).find("x must be float32"),
+      std::string::npos);
+  EXPECT_NE(testing::torch_error_of([&] {
               lora_mlp(x, projection(64, 32), projection(64, 32), projection(16, 64));
             }).find("down has in_features 16"),
             std::string::npos);
@@ -125,7 +120,9 @@ TEST(Swiglu, MatchesTheFormulaInFp64) {
   const auto [de, dg] = swiglu_backward(dh, e, g);
   EXPECT_TRUE(at::allclose(dg.to(at::kDouble), dh64 * e64 * s, 1e-6, 1e-7));
   EXPECT_TRUE(at::allclose(de.to(at::kDouble), dh64 * g64 * s * (1 + e64 * (1 - s)), 1e-5, 1e-6));
-  EXPECT_NE(error_of([&] { swiglu_forward(e, g.to(at::kHalf)); }).find("g (up output) is Half"),
+  EXPECT_NE(testing::torch_error_of([&] {
+              swiglu_forward(e, g.to(at::kHalf));
+            }).find("g (up output) is Half"),
             std::string::npos);
 }
 

@@ -24,11 +24,11 @@ dtype = "fp16"
 dropout = 0.1
 )";
 
-const auto run = testing::run_captured;
+using testing::run_captured;
 
 TEST(LoraRunners, CleanKernelsPass) {
   testing::TempDir dir;
-  const auto r = run({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp)});
+  const auto r = run_captured({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp)});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("o_proj/lora_A.grad"), std::string::npos) << r.out;  // the table
 }
@@ -37,7 +37,7 @@ TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
   testing::TempDir dir;
   if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kDropoutRescaleMissing);
-  const auto r = run({"run", dir.write("w.toml", kCases), "--quiet"});
+  const auto r = run_captured({"run", dir.write("w.toml", kCases), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("layer0/self_attn/o_proj/input.grad: |prod - ref|"), std::string::npos)
       << r.out;
@@ -48,7 +48,8 @@ TEST(LoraRunners, MissingScaleInDAFailsOnLoraAGrad) {
   testing::TempDir dir;
   if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraScaleMissingInDA);
-  const auto r = run({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp), "--quiet"});
+  const auto r =
+      run_captured({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
   for (const char* path :
        {"o_proj/lora_A.grad: |prod - ref|", "gate_proj/lora_A.grad: |prod - ref|",

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
+#include "error_text.h"
 #include "gradscope/lora_ops.h"
 #include "gradscope/quant_linear.h"
 #include "harness/generate/gptq_layer_gen.h"
@@ -13,15 +14,6 @@ GptqWeight seeded_layer(int bits = 4) {
   const auto q = quantize_seeded_layer(
       3, "ql.", 128, 64, quantize_options(bits, 32, true, true, false, ZeroPointFormat::kGptqV1));
   return pack_gptq(q, bits, ZeroPointFormat::kGptqV1, at::kHalf);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
 }
 
 TEST(QuantLinear, EveryStorageGivesTheSameOutputAsTheFusedOp) {
@@ -60,7 +52,9 @@ TEST(QuantLinear, ACastOfTheFloatViewIsRefusedNamingTheTensor) {
   o.view_dtype = at::kFloat;
   QuantLinear layer(seeded_layer(), at::Tensor(), o);
   layer->to(at::kBFloat16);  // a mixed-precision policy's param_dtype
-  const auto err = error_of([&] { layer->forward(at::randn({3, 128}, at::kBFloat16)); });
+  const auto err = testing::torch_error_of([&] {
+    layer->forward(at::randn({3, 128}, at::kBFloat16));
+  });
   EXPECT_NE(err.find("qweight is stored as BFloat16 but was registered as Float"),
             std::string::npos)
       << err;
@@ -78,7 +72,7 @@ TEST(QuantLinear, AWriteIntoTheStoredWordsIsCaughtByTheFingerprint) {
     qzeros.copy_(qzeros.to(at::kFloat).to(at::kHalf));  // a numeric round trip
     layer->named_parameters()["qweight"][0][1].add_(1);
   }
-  const auto err = error_of([&] { layer->check_packed_intact(); });
+  const auto err = testing::torch_error_of([&] { layer->check_packed_intact(); });
   EXPECT_NE(err.find("QuantLinear: qweight no longer holds the packed words"), std::string::npos)
       << err;
 }

@@ -15,7 +15,7 @@
 namespace gradscope {
 namespace {
 
-const auto run = testing::run_captured;
+using testing::run_captured;
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -50,7 +50,7 @@ batch = 4
 seq = 1024
 seed = 3
 )");
-  const auto r = run({"run", file, "--quiet", "--json", dir.path("r.json")});
+  const auto r = run_captured({"run", file, "--quiet", "--json", dir.path("r.json")});
   EXPECT_EQ(r.code, 0) << r.out;
   const auto report = read_json(dir.path("r.json"));
   const auto* da = find_check(report, "o_proj/lora_A.grad");
@@ -63,7 +63,7 @@ seed = 3
   // The fault that rounds the adapter path to fp16 (the former behaviour) overflows: a failure.
   if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kAdapterPathInActivationDtype);
-  const auto bad = run({"run", file, "--quiet"});
+  const auto bad = run_captured({"run", file, "--quiet"});
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("o_proj/lora_A.grad: prod has"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("the exact result is finite and within fp32 range"), std::string::npos)
@@ -72,7 +72,7 @@ seed = 3
 
 TEST(Verdicts, AnOutputBeyondItsDtypeIsInvalidNotAFailure) {
   testing::TempDir dir;
-  const auto r = run({"run", dir.write("w.toml", R"(kind = "lora_w"
+  const auto r = run_captured({"run", dir.write("w.toml", R"(kind = "lora_w"
 dtype = "fp16"
 rank = 1
 alpha = 1000000.0
@@ -88,7 +88,7 @@ alpha = 1000000.0
 
 TEST(Verdicts, AnInputBeyondItsDtypeIsInvalid) {
   testing::TempDir dir;
-  const auto r = run({"run", dir.write("w.toml", R"(kind = "lora_w"
+  const auto r = run_captured({"run", dir.write("w.toml", R"(kind = "lora_w"
 dtype = "fp16"
 loss_scale = 1000000.0
 )")});
@@ -106,10 +106,10 @@ dtype = "fp32"
 rslora = true
 rank = 16
 )");
-  EXPECT_EQ(run({"run", file, "--quiet"}).code, 0);
+  EXPECT_EQ(run_captured({"run", file, "--quiet"}).code, 0);
   if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraScalingIgnoresRslora);
-  const auto r = run({"run", file, "--quiet"});
+  const auto r = run_captured({"run", file, "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("o_proj/output: |prod - ref|"), std::string::npos) << r.out;
 }
@@ -118,8 +118,8 @@ TEST(Verdicts, AnOutputInTheWrongDtypeFails) {
   testing::TempDir dir;
   if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraOutputFloat32);
-  const auto r =
-      run({"run", dir.write("w.toml", "kind = \"lora_w\"\ndtype = \"bf16\"\n"), "--quiet"});
+  const auto r = run_captured(
+      {"run", dir.write("w.toml", "kind = \"lora_w\"\ndtype = \"bf16\"\n"), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("o_proj/output: the values for attribute 'dtype' do not match: prod is "
                        "fp32, expected bf16"),
@@ -129,32 +129,34 @@ TEST(Verdicts, AnOutputInTheWrongDtypeFails) {
 
 TEST(Verdicts, ProfilesAndPositionsAreCaseFields) {
   testing::TempDir dir;
-  const auto r = run({"run", dir.write("l.toml", R"(kind = "layer"
+  const auto r = run_captured({"run", dir.write("l.toml", R"(kind = "layer"
 profile = "realistic"
 position_offset = 5
 )")});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("position_offset must be 0 with profile realistic"), std::string::npos)
       << r.err;
-  const auto one = run({"run", dir.write("s.toml", "kind = \"layer\"\nseq = 1\n")});
+  const auto one = run_captured({"run", dir.write("s.toml", "kind = \"layer\"\nseq = 1\n")});
   EXPECT_EQ(one.code, 2);
   EXPECT_NE(one.err.find("seq must be at least 2 for kind layer"), std::string::npos) << one.err;
 }
 
 TEST(Sampler, DrawsValidCasesAndReplaysThemFromFiles) {
   testing::TempDir dir;
-  const auto r = run({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant",
-                      "--cases-out", dir.path("cases"), "--json", dir.path("s.json")});
+  const auto r =
+      run_captured({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant",
+                    "--cases-out", dir.path("cases"), "--json", dir.path("s.json")});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sample summary: 12 cases run"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("0 false alarms"), std::string::npos) << r.out;
   // The same seed draws the same cases; each case file replays its case.
-  const auto again = run({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant"});
+  const auto again =
+      run_captured({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant"});
   EXPECT_EQ(again.out.substr(again.out.find("sample summary")),
             r.out.substr(r.out.find("sample summary")));
-  const auto replay = run({"run", dir.path("cases/case-00003.toml"), "--quiet"});
+  const auto replay = run_captured({"run", dir.path("cases/case-00003.toml"), "--quiet"});
   EXPECT_EQ(replay.code, 0) << replay.out;
-  const auto bad = run({"sample", "--kinds", "nope"});
+  const auto bad = run_captured({"sample", "--kinds", "nope"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("the sampler draws no kind 'nope'"), std::string::npos) << bad.err;
 }
