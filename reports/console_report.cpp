@@ -60,14 +60,17 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
       std::count_if(r.checks.begin(), r.checks.end(), [](const Check& c) { return !c.passed; });
   char line[512];
   std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs\n",
-                passed        ? "PASS"
-                : r.invalid() ? "INVALID"
-                              : "FAIL",
+                passed               ? "PASS"
+                : r.invalid()        ? "INVALID"
+                : r.is_unsupported() ? "UNSUPPORTED"
+                                     : "FAIL",
                 r.id.c_str(), r.checks.size(), static_cast<long>(failed),
                 format_number(worst).c_str(), r.seconds);
   out << line;
   if (r.invalid()) {
     out << "      not judged (exit 2): " << r.input_error << '\n';
+  } else if (r.is_unsupported()) {
+    out << "      not run by the implementation under test: " << r.unsupported << '\n';
   } else if (r.checks.empty()) {
     out << "      no checks ran (a case without checks is a failure)\n";
   }
@@ -91,18 +94,21 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
   for (const auto& [name, value] : r.metrics) {
     if (!options.quiet) out << "      " << name << " " << format_number(value) << '\n';
   }
-  if (!passed) out << "      replay: " << r.replay << '\n';
+  if (!passed && !r.is_unsupported()) out << "      replay: " << r.replay << '\n';
 }
 
 void print_summary(std::ostream& out, const RunReport& report) {
   struct Counts {
-    int64_t passed = 0, failed = 0, invalid = 0;
+    int64_t passed = 0, failed = 0, invalid = 0, unsupported = 0;
   };
   std::map<std::string, Counts> by_kind;
   int64_t checks = 0, failed_checks = 0;
   for (const auto& c : report.cases) {
     auto& counts = by_kind[c.kind];
-    (c.passed() ? counts.passed : c.invalid() ? counts.invalid : counts.failed) += 1;
+    (c.passed()           ? counts.passed
+     : c.invalid()        ? counts.invalid
+     : c.is_unsupported() ? counts.unsupported
+                          : counts.failed) += 1;
     for (const auto& check : c.checks) {
       ++checks;
       failed_checks += check.passed ? 0 : 1;
@@ -112,12 +118,19 @@ void print_summary(std::ostream& out, const RunReport& report) {
   for (const auto& [kind, counts] : by_kind) {
     out << "  " << kind << ": " << counts.passed << " passed, " << counts.failed << " failed";
     if (counts.invalid) out << ", " << counts.invalid << " invalid";
+    if (counts.unsupported) out << ", " << counts.unsupported << " unsupported";
     out << "\n";
   }
   out << "  checks: " << checks - failed_checks << " passed, " << failed_checks << " failed\n";
   out << report.passed() << " passed, " << report.failed() << " failed";
   if (report.invalid()) out << ", " << report.invalid() << " invalid (not judged: exit 2)";
+  if (report.unsupported()) {
+    out << ", " << report.unsupported() << " unsupported by " << report.implementation.ns;
+  }
   out << "\n";
+  if (report.implementation.ns != "gradscope" || !report.implementation.libraries.empty()) {
+    out << "implementation under test: " << report.implementation.describe() << "\n";
+  }
 }
 
 }  // namespace gradscope::report

@@ -417,6 +417,7 @@ void DumpWriter::finish(const RunReport& report) {
   w.attribute("/", "torch", env.torch);
   w.attribute("/", "cuda", env.cuda.value_or(""));
   w.attribute("/", "compiler", env.compiler);
+  w.attribute("/", "implementation", report.implementation.describe());
   w.close();
   state_->staged.commit();
   state_.reset();

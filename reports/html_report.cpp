@@ -180,7 +180,12 @@ std::string to_html(const RunReport& report) {
     << (env.gpu ? " (" + escape_markup(*env.gpu) + ")" : "") << " &middot; torch "
     << escape_markup(env.torch) << (env.cuda ? " &middot; CUDA " + escape_markup(*env.cuda) : "")
     << " &middot; " << escape_markup(env.compiler) << " &middot; gradscope "
-    << escape_markup(report.version) << " (" << escape_markup(env.commit) << ")</p>\n";
+    << escape_markup(report.version) << " (" << escape_markup(env.commit) << ")"
+    << " &middot; implementation under test: " << escape_markup(report.implementation.describe())
+    << (report.unsupported() > 0
+            ? " &middot; " + std::to_string(report.unsupported()) + " unsupported"
+            : std::string())
+    << "</p>\n";
   h << "<table><tr><th class=\"l\">case</th><th>status</th><th>checks</th><th>failed</th>"
        "<th>max err(prod)/err(base)</th></tr>\n";
   for (const auto& c : report.cases) {
@@ -192,8 +197,11 @@ std::string to_html(const RunReport& report) {
       if (base && *base > 0) worst = std::max(worst, check.gated_error() / *base);
     }
     h << "<tr><td class=\"l\"><a href=\"#" << escape_markup(c.id) << "\">" << escape_markup(c.id)
-      << "</a></td><td class=\"" << (c.passed() ? "pass\">pass" : "fail\">FAIL") << "</td><td>"
-      << c.checks.size() << "</td><td>" << failed << "</td><td>"
+      << "</a></td><td class=\""
+      << (c.passed()           ? "pass\">pass"
+          : c.is_unsupported() ? "l\">unsupported"
+                               : "fail\">FAIL")
+      << "</td><td>" << c.checks.size() << "</td><td>" << failed << "</td><td>"
       << (worst > 0 ? format_number(worst) : "&ndash;") << "</td></tr>\n";
   }
   h << "</table>\n";

@@ -98,7 +98,11 @@ nlohmann::ordered_json to_json(const RunReport& report) {
         {"gpu", env.gpu ? nlohmann::ordered_json(*env.gpu) : nlohmann::ordered_json(nullptr)},
         {"torch", env.torch},
         {"cuda", env.cuda ? nlohmann::ordered_json(*env.cuda) : nlohmann::ordered_json(nullptr)},
-        {"compiler", env.compiler}}}};
+        {"compiler", env.compiler}}},
+      {"implementation",
+       {{"namespace", report.implementation.ns},
+        {"schema_version", report.implementation.schema_version},
+        {"libraries", report.implementation.libraries}}}};
   nlohmann::ordered_json cases = nlohmann::ordered_json::array();
   for (const auto& c : report.cases) {
     nlohmann::ordered_json checks = nlohmann::ordered_json::array();
@@ -113,13 +117,16 @@ nlohmann::ordered_json to_json(const RunReport& report) {
                      {"loss_curve", loss_curve_json(c.loss_curve)},
                      {"input_error", c.input_error.empty() ? nlohmann::ordered_json(nullptr)
                                                            : nlohmann::ordered_json(c.input_error)},
+                     {"unsupported", c.unsupported.empty() ? nlohmann::ordered_json(nullptr)
+                                                           : nlohmann::ordered_json(c.unsupported)},
                      {"replay", c.replay}});
   }
   j["cases"] = cases;
   j["summary"] = {{"total", report.cases.size()},
                   {"passed", report.passed()},
                   {"failed", report.failed()},
-                  {"invalid", report.invalid()}};
+                  {"invalid", report.invalid()},
+                  {"unsupported", report.unsupported()}};
   return j;
 }
 

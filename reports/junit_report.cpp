@@ -10,18 +10,25 @@ std::string to_junit_xml(const RunReport& report) {
   for (const auto& c : report.cases) {
     tests += static_cast<int64_t>(std::max<size_t>(1, c.checks.size()));
     for (const auto& check : c.checks) failures += check.passed ? 0 : 1;
-    if (c.checks.empty()) ++failures;
+    if (c.checks.empty() && !c.is_unsupported()) ++failures;
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
     << "<testsuites name=\"gradscope\" tests=\"" << tests << "\" failures=\"" << failures
     << "\" errors=\"0\">\n";
   for (const auto& c : report.cases) {
-    int64_t case_failures = c.checks.empty() ? 1 : 0;
+    int64_t case_failures = c.checks.empty() && !c.is_unsupported() ? 1 : 0;
     for (const auto& check : c.checks) case_failures += check.passed ? 0 : 1;
     x << "  <testsuite name=\"" << escape_markup(c.id) << "\" tests=\""
       << std::max<size_t>(1, c.checks.size()) << "\" failures=\"" << case_failures
-      << "\" errors=\"0\" skipped=\"0\" time=\"" << c.seconds << "\">\n";
+      << "\" errors=\"0\" skipped=\"" << (c.is_unsupported() ? 1 : 0) << "\" time=\"" << c.seconds
+      << "\">\n";
+    if (c.is_unsupported()) {
+      x << "    <testcase classname=\"" << escape_markup(c.id) << "\" name=\"checks\" time=\"0\">\n"
+        << "      <skipped message=\"" << escape_markup(c.unsupported) << "\"/>\n    </testcase>\n"
+        << "  </testsuite>\n";
+      continue;
+    }
     if (c.checks.empty()) {
       x << "    <testcase classname=\"" << escape_markup(c.id) << "\" name=\"checks\" time=\"0\">\n"
         << "      <failure message=\"no checks ran\" type=\"gradscope\"/>\n    </testcase>\n";

@@ -43,6 +43,19 @@ int64_t RunReport::passed() const {
   return n;
 }
 
+int64_t RunReport::unsupported() const {
+  int64_t n = 0;
+  for (const auto& c : cases) n += c.is_unsupported() ? 1 : 0;
+  return n;
+}
+
+std::string Implementation::describe() const {
+  if (ns == "gradscope" && libraries.empty()) return "gradscope (built in)";
+  std::string s = ns + " (schema " + std::to_string(schema_version);
+  for (const auto& l : libraries) s += "; " + l;
+  return s + ")";
+}
+
 int64_t RunReport::invalid() const {
   int64_t n = 0;
   for (const auto& c : cases) n += c.invalid() ? 1 : 0;

@@ -121,16 +121,22 @@ struct CaseResult {
   // Set when the case could not be judged because of its input (a field, a file, or a
   // result its formats cannot hold): the run exits 2, not 1.
   std::string input_error;
+  // Set when the implementation under test declined the case (it lacks a feature the case
+  // uses): counted apart from failures, and the run's exit code does not count it.
+  std::string unsupported;
 
   bool passed() const {
-    if (!input_error.empty()) return false;
+    if (!input_error.empty() || !unsupported.empty()) return false;
     for (const auto& c : checks) {
       if (!c.passed) return false;
     }
     return !checks.empty();
   }
   bool invalid() const { return !input_error.empty(); }
-  const char* status() const { return passed() ? "pass" : invalid() ? "invalid" : "fail"; }
+  bool is_unsupported() const { return input_error.empty() && !unsupported.empty(); }
+  const char* status() const {
+    return passed() ? "pass" : invalid() ? "invalid" : is_unsupported() ? "unsupported" : "fail";
+  }
 };
 
 struct Environment {
@@ -142,16 +148,30 @@ struct Environment {
   std::string compiler;
 };
 
+// The implementation under test: the operator namespace prod was called in
+// (docs/implementations.md) and the libraries loaded to register it.
+struct Implementation {
+  std::string ns = "gradscope";
+  int schema_version = 0;
+  std::vector<std::string> libraries;
+  // "gradscope (built in)" or "myns (schema 2; libmyops.so)"
+  std::string describe() const;
+};
+
 struct RunReport {
   std::string tool = "gradscope";
   std::string version;
   Environment environment;
+  Implementation implementation;
   std::vector<CaseResult> cases;
 
   int64_t passed() const;
   int64_t invalid() const;
-  // Cases whose checks failed (kernel verdicts); invalid cases are counted apart.
-  int64_t failed() const { return static_cast<int64_t>(cases.size()) - passed() - invalid(); }
+  int64_t unsupported() const;
+  // Cases whose checks failed (kernel verdicts); invalid and unsupported cases are counted apart.
+  int64_t failed() const {
+    return static_cast<int64_t>(cases.size()) - passed() - invalid() - unsupported();
+  }
 };
 
 }  // namespace gradscope::report

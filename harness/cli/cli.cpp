@@ -28,6 +28,7 @@
 #include "harness/cli/environment.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
+#include "harness/impl/impl_ops.h"
 #include "harness/spec/case_runner.h"
 #include "harness/spec/case_spec.h"
 #include "harness/verdict/regression_gate.h"
@@ -156,6 +157,9 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
                   sc.spec.get_string("device") + " --dtype " + sc.spec.get_string("dtype") +
                   " --seed " + std::to_string(sc.spec.get_int("seed"));
   const auto start = std::chrono::steady_clock::now();
+  if (options.impl != "gradscope") result.replay += " --impl " + shell_quote(options.impl);
+  for (const auto& lib : options.ops_libraries)
+    result.replay += " --ops-library " + shell_quote(lib);
   try {
     auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id, options);
     result.checks = std::move(output.checks);
@@ -171,6 +175,8 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
     }
   } catch (const InputError& e) {
     result.input_error = sc.id + ": " + e.what();
+  } catch (const impl::Unsupported& e) {
+    result.unsupported = e.what();
   } catch (const std::bad_alloc&) {
     result.input_error = sc.id + ": out of memory: the case needs more than this machine has";
   } catch (const c10::Error& e) {
@@ -182,7 +188,8 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
     } else {
       report::Check error;
       error.path = sc.id + "/error";
-      error.failure = sc.id + ": prod raised an error: " + what;
+      const std::string prod = options.impl == "gradscope" ? "prod" : "prod (" + options.impl + ")";
+      error.failure = sc.id + ": " + prod + " raised an error: " + what;
       result.checks.push_back(error);
     }
   } catch (const std::exception& e) {
@@ -269,6 +276,7 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
 
 struct RunOutputs {
   std::string json, dump, junit, html, against, inject;
+  impl::Selection impl;  // --impl, --ops-library
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
 };
@@ -312,11 +320,30 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   }
   // Repeatable CUDA runs: the same case twice gives the same JSON checks and dumps.
   if (any_cuda) make_cuda_deterministic();
+  // The implementation under test: its libraries loaded, every operator the selected kinds
+  // call present with the contract's schema, before any case runs.
+  impl::load_libraries(o.impl.libraries);
+  std::set<std::string> kinds, ops;
+  for (const auto& sc : selected) kinds.insert(sc.spec.kind);
+  for (const auto& kind : kinds) {
+    const auto kind_ops = find_runner(kind)->prod_ops();
+    if (kind_ops.empty() && !o.impl.is_default()) {
+      throw InputError("--impl " + o.impl.ns + ": kind '" + kind +
+                       "' runs gradscope's own kernels only; --impl covers the kinds dequant, "
+                       "lora_w, qkv and mlp (select those with --filter or case files)");
+    }
+    ops.insert(kind_ops.begin(), kind_ops.end());
+  }
+  impl::require_ops(o.impl.ns, {ops.begin(), ops.end()});
   report::RunReport report;
   report.version = GRADSCOPE_VERSION;
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");
+  report.implementation = {o.impl.ns, kOpSchemaVersion, o.impl.libraries};
   const report::ConsoleOptions console{o.quiet};
-  const RunOptions options{!o.dump.empty()};
+  RunOptions options;
+  options.keep_tensors = !o.dump.empty();
+  options.impl = o.impl.ns;
+  options.ops_libraries = o.impl.libraries;
   // The dump is written case by case, each case's tensors dropped once they are in the file.
   std::optional<report::DumpWriter> dump;
   if (!o.dump.empty())
@@ -541,6 +568,13 @@ int run_cli(int argc, const char* const* argv) {
                 "stop at the first failing case (exit 1; the reports hold the cases run)");
   run->add_option("--inject", outputs.inject,
                   "run the production code as the named faulty variant (see gradscope faults)")
+      ->check(kNonEmpty);
+  run->add_option("--impl", outputs.impl.ns,
+                  "operator namespace of the implementation under test (default gradscope; "
+                  "docs/implementations.md)")
+      ->check(kNonEmpty);
+  run->add_option("--ops-library", outputs.impl.libraries,
+                  "load this shared library first (it registers the --impl namespace)")
       ->check(kNonEmpty);
   std::string dq_dir, dq_module, dq_out;
   auto* dequant = app.add_subcommand(

@@ -13,6 +13,7 @@
 #include "gradscope/lora_ops.h"
 #include "harness/generate/gptq_layer_gen.h"
 #include "harness/generate/input_profiles.h"
+#include "harness/impl/impl_ops.h"
 #include "harness/spec/case_runner.h"
 #include "harness/verdict/compare.h"
 #include "reference/lora_reference.h"
@@ -47,6 +48,8 @@ struct Config {
   // (alpha / r, or alpha / sqrt(r) for rsLoRA; docs/lora-math.md). Prod's comes from the
   // production library's own lora_scaling(): a wrong formula there cannot move the judges.
   double scaling() const;
+  // What the implementation under test is given to derive its own scaling from.
+  impl::LoraArgs lora_args() const { return {alpha, rslora}; }
   int64_t tokens() const { return batch > 0 ? batch * seq : seq; }
   std::vector<int64_t> shape(int64_t features) const;
   // ".t2x32.r8.b4g128.v1.sym[.p0.1][.bias][.a32][.rslora][.adapter-bf16][.realistic].s1"

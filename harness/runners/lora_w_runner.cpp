@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/baseline/aten_baseline.h"
+#include "harness/impl/impl_ops.h"
 #include "harness/runners/lora_testbed.h"
 #include "harness/runners/runner_factories.h"
 
@@ -30,6 +31,8 @@ class LoraWRunner final : public CaseRunner {
            "n" + std::to_string(s.get_int("out_features")) + tb::Config(s).id_suffix();
   }
 
+  std::vector<std::string> prod_ops() const override { return {"lora_w"}; }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     validate_gptq_shape(s, s.get_int("in_features"), s.get_int("out_features"), "in_features",
@@ -49,7 +52,7 @@ class LoraWRunner final : public CaseRunner {
 
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
-    const auto y = lora_w(x.prod, o.prod, drop.device);
+    const auto y = impl::Ops(options.impl).lora_w(x.prod, o.prod, c.lora_args(), drop.device);
     const auto g = tb::backward({y}, {dy.prod}, x.prod, tb::of({&o}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);
 

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/baseline/aten_baseline.h"
+#include "harness/impl/impl_ops.h"
 #include "harness/runners/lora_testbed.h"
 #include "harness/runners/runner_factories.h"
 
@@ -29,6 +30,8 @@ class MlpRunner final : public CaseRunner {
            std::to_string(s.get_int("intermediate")) + tb::Config(s).id_suffix();
   }
 
+  std::vector<std::string> prod_ops() const override { return {"lora_mlp"}; }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     validate_gptq_shape(s, s.get_int("hidden"), s.get_int("intermediate"), "hidden",
@@ -52,7 +55,9 @@ class MlpRunner final : public CaseRunner {
     auto drop_h = tb::make_dropout(c, "dropout.h", inter);
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
-    const auto y = lora_mlp(x.prod, gate.prod, up.prod, down.prod, drop_x.device, drop_h.device);
+    const auto y = impl::Ops(options.impl)
+                       .lora_mlp(x.prod, gate.prod, up.prod, down.prod, c.lora_args(),
+                                 drop_x.device, drop_h.device);
     const auto g =
         tb::backward({y}, {dy.prod}, x.prod, tb::of({&gate, &up, &down}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);

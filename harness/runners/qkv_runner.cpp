@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/baseline/aten_baseline.h"
+#include "harness/impl/impl_ops.h"
 #include "harness/runners/lora_testbed.h"
 #include "harness/runners/runner_factories.h"
 
@@ -32,6 +33,8 @@ class QkvRunner final : public CaseRunner {
            std::to_string(s.get_int("heads")) + "kv" + std::to_string(s.get_int("kv_heads")) +
            tb::Config(s).id_suffix();
   }
+
+  std::vector<std::string> prod_ops() const override { return {"lora_qkv"}; }
 
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
@@ -68,7 +71,8 @@ class QkvRunner final : public CaseRunner {
     auto drop = tb::make_dropout(c, "dropout.x", hidden);
     generate_time.finish("generate", result.metrics);
     tb::Measure prod_time(c);
-    const auto y = lora_qkv(x.prod, q.prod, k.prod, v.prod, drop.device);
+    const auto y = impl::Ops(options.impl)
+                       .lora_qkv(x.prod, q.prod, k.prod, v.prod, c.lora_args(), drop.device);
     const auto g =
         tb::backward(y, {dq.prod, dk.prod, dv.prod}, x.prod, tb::of({&q, &k, &v}, tb::Impl::kProd));
     prod_time.finish("prod", result.metrics);

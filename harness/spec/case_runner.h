@@ -13,6 +13,9 @@ namespace gradscope {
 
 struct RunOptions {
   bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
+  // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
+  std::string impl = "gradscope";
+  std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
 };
 
 struct RunOutput {
@@ -32,6 +35,9 @@ class CaseRunner {
   virtual std::string case_id(const CaseSpec& spec) const = 0;
   // Cross-field rules (impossible shapes); throws InputError naming the field.
   virtual void validate(const CaseSpec& spec) const = 0;
+  // The operators of the implementation under test this kind calls (harness/impl/impl_ops.h);
+  // empty: the kind runs gradscope's own kernels directly and takes no other --impl.
+  virtual std::vector<std::string> prod_ops() const { return {}; }
   // Runs prod and the reference and returns every check, paths prefixed by `id`.
   virtual RunOutput run(const CaseSpec& spec, const std::string& id,
                         const RunOptions& options) const = 0;

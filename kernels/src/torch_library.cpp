@@ -7,12 +7,14 @@
 // words and g_idx may be int32 or a bit-exact float view (FSDP storage).
 #include <torch/library.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
+#include "gradscope/op_schemas.h"
 
 namespace gradscope {
 namespace {
@@ -39,7 +41,7 @@ GptqWeight weight(const at::Tensor& qweight, const at::Tensor& qzeros, const at:
 }
 
 LoraProjection projection(const char* op, const char* name, at::TensorList t, int64_t bits,
-                          const std::string& format, double scaling) {
+                          const std::string& format, double alpha, bool rslora) {
   TORCH_CHECK(t.size() == 6 || t.size() == 7, "gradscope.", op, ": ", name,
               " must be [qweight, qzeros, scales, g_idx, lora_A, lora_B] or those and bias, got ",
               t.size(), " tensors");
@@ -48,51 +50,71 @@ LoraProjection projection(const char* op, const char* name, at::TensorList t, in
   p.lora_A = t[4];
   p.lora_B = t[5];
   if (t.size() == 7) p.bias = t[6];
-  p.scaling = scaling;
+  p.scaling = lora_scaling(alpha, p.lora_A.size(0), rslora);
   return p;
+}
+
+LoraDropout dropout(const std::optional<at::Tensor>& mask, double p) {
+  LoraDropout d;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(p > 0 && p < 1, "gradscope ops: a dropout mask needs 0 < dropout_p < 1, got ", p);
+    d.p = p;
+    d.mask = *mask;
+  }
+  return d;
+}
+
+DequantLayout layout_of(const std::string& name) {
+  if (name == "in_out") return DequantLayout::kInOut;
+  if (name == "out_in") return DequantLayout::kOutIn;
+  TORCH_CHECK(false, "gradscope.dequantize: layout must be \"in_out\" or \"out_in\", got \"", name,
+              "\"");
 }
 
 at::Tensor dequantize_op(const at::Tensor& qweight, const at::Tensor& qzeros,
                          const at::Tensor& scales, const at::Tensor& g_idx, int64_t bits,
-                         const std::string& format, at::ScalarType dtype) {
-  return dequantize_gptq(weight(qweight, qzeros, scales, g_idx, bits, format), dtype);
+                         const std::string& format, at::ScalarType dtype,
+                         const std::string& layout) {
+  return dequantize_gptq(weight(qweight, qzeros, scales, g_idx, bits, format), dtype,
+                         layout_of(layout));
 }
 
 at::Tensor lora_w_op(const at::Tensor& x, at::TensorList proj, int64_t bits,
-                     const std::string& format, double scaling) {
-  return lora_w(x, projection("lora_w", "proj", proj, bits, format, scaling));
+                     const std::string& format, double alpha, bool rslora,
+                     const std::optional<at::Tensor>& mask, double p) {
+  return lora_w(x, projection("lora_w", "proj", proj, bits, format, alpha, rslora),
+                dropout(mask, p));
 }
 
 std::vector<at::Tensor> lora_qkv_op(const at::Tensor& x, at::TensorList q, at::TensorList k,
                                     at::TensorList v, int64_t bits, const std::string& format,
-                                    double scaling) {
-  return lora_qkv(x, projection("lora_qkv", "q", q, bits, format, scaling),
-                  projection("lora_qkv", "k", k, bits, format, scaling),
-                  projection("lora_qkv", "v", v, bits, format, scaling));
+                                    double alpha, bool rslora,
+                                    const std::optional<at::Tensor>& mask, double p) {
+  return lora_qkv(x, projection("lora_qkv", "q", q, bits, format, alpha, rslora),
+                  projection("lora_qkv", "k", k, bits, format, alpha, rslora),
+                  projection("lora_qkv", "v", v, bits, format, alpha, rslora), dropout(mask, p));
 }
 
 at::Tensor lora_mlp_op(const at::Tensor& x, at::TensorList gate, at::TensorList up,
-                       at::TensorList down, int64_t bits, const std::string& format,
-                       double scaling) {
-  return lora_mlp(x, projection("lora_mlp", "gate", gate, bits, format, scaling),
-                  projection("lora_mlp", "up", up, bits, format, scaling),
-                  projection("lora_mlp", "down", down, bits, format, scaling));
+                       at::TensorList down, int64_t bits, const std::string& format, double alpha,
+                       bool rslora, const std::optional<at::Tensor>& mask_x,
+                       const std::optional<at::Tensor>& mask_h, double p) {
+  return lora_mlp(x, projection("lora_mlp", "gate", gate, bits, format, alpha, rslora),
+                  projection("lora_mlp", "up", up, bits, format, alpha, rslora),
+                  projection("lora_mlp", "down", down, bits, format, alpha, rslora),
+                  dropout(mask_x, p), dropout(mask_h, p));
 }
 
 }  // namespace
+
+bool op_registration_linked() {
+  return true;
+}
+
 }  // namespace gradscope
 
 TORCH_LIBRARY(gradscope, m) {
-  m.def(
-      "dequantize(Tensor qweight, Tensor qzeros, Tensor scales, Tensor g_idx, int bits, "
-      "str zero_format, ScalarType dtype) -> Tensor");
-  m.def("lora_w(Tensor x, Tensor[] proj, int bits, str zero_format, float scaling) -> Tensor");
-  m.def(
-      "lora_qkv(Tensor x, Tensor[] q, Tensor[] k, Tensor[] v, int bits, str zero_format, "
-      "float scaling) -> Tensor[]");
-  m.def(
-      "lora_mlp(Tensor x, Tensor[] gate, Tensor[] up, Tensor[] down, int bits, "
-      "str zero_format, float scaling) -> Tensor");
+  for (const auto& op : gradscope::kOpSchemas) m.def(op.schema);
 }
 
 TORCH_LIBRARY_IMPL(gradscope, CompositeImplicitAutograd, m) {

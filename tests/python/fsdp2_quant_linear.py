@@ -26,7 +26,7 @@ MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj")
 class QuantLoraLinear(torch.nn.Module):
     """qweight, qzeros, scales, g_idx as frozen parameters of `view_dtype` (bit-exact views)."""
 
-    def __init__(self, tensors, module, view_dtype, bits, fmt, rank=4, scaling=2.0, seed=0):
+    def __init__(self, tensors, module, view_dtype, bits, fmt, rank=4, alpha=8.0, seed=0):
         super().__init__()
         for name in ("qweight", "qzeros", "g_idx"):
             words = tensors[f"{module}.{name}"].contiguous()
@@ -38,11 +38,11 @@ class QuantLoraLinear(torch.nn.Module):
         g = torch.Generator().manual_seed(seed)
         self.lora_A = torch.nn.Parameter(torch.randn(rank, k, generator=g) * 0.1)
         self.lora_B = torch.nn.Parameter(torch.randn(n, rank, generator=g) * 0.1)
-        self.bits, self.fmt, self.scaling = bits, fmt, scaling
+        self.bits, self.fmt, self.alpha = bits, fmt, alpha
 
     def forward(self, x):
         proj = [self.qweight, self.qzeros, self.scales, self.g_idx, self.lora_A, self.lora_B]
-        return torch.ops.gradscope.lora_w(x, proj, self.bits, self.fmt, self.scaling)
+        return torch.ops.gradscope.lora_w(x, proj, self.bits, self.fmt, self.alpha, False)
 
 
 def make_model(library, fixture, view_dtype):

@@ -52,10 +52,12 @@ def main(library, binary, fixture, scratch):
         assert "zero_format" in str(e), e
 
     torch.manual_seed(0)
-    scaling = 2.0
+    rank = 4
+    alpha = 8.0  # the ops derive scaling = alpha / rank (no rsLoRA) from lora_A's rows
+    scaling = alpha / rank
     tokens = 24
 
-    def projection(name, rank=4):
+    def projection(name):
         q = module_tensors(tensors, f"model.layers.0.{name}")
         dense = ops.dequantize(*q, bits, fmt, torch.float32)  # W^T [in, out]
         a = (torch.randn(rank, dense.shape[0]) * 0.1).requires_grad_()
@@ -72,7 +74,7 @@ def main(library, binary, fixture, scratch):
     # lora_w (o_proj)
     o, o_dense = projection("self_attn.o_proj")
     x = torch.randn(tokens, o_dense.shape[0], requires_grad=True)
-    y = ops.lora_w(x, o, bits, fmt, scaling)
+    y = ops.lora_w(x, o, bits, fmt, alpha, False)
     dy = torch.randn_like(y)
     y.backward(dy)
     xr = x.detach().double().requires_grad_()
@@ -86,7 +88,7 @@ def main(library, binary, fixture, scratch):
     # lora_qkv
     projs = [projection(f"self_attn.{n}_proj") for n in "qkv"]
     x = torch.randn(tokens, projs[0][1].shape[0], requires_grad=True)
-    outs = ops.lora_qkv(x, projs[0][0], projs[1][0], projs[2][0], bits, fmt, scaling)
+    outs = ops.lora_qkv(x, projs[0][0], projs[1][0], projs[2][0], bits, fmt, alpha, False)
     dys = [torch.randn_like(t) for t in outs]
     torch.autograd.backward(outs, dys)
     xr = x.detach().double().requires_grad_()
@@ -101,7 +103,7 @@ def main(library, binary, fixture, scratch):
     # lora_mlp (SwiGLU)
     projs = [projection(f"mlp.{n}_proj") for n in ("gate", "up", "down")]
     x = torch.randn(tokens, projs[0][1].shape[0], requires_grad=True)
-    y = ops.lora_mlp(x, projs[0][0], projs[1][0], projs[2][0], bits, fmt, scaling)
+    y = ops.lora_mlp(x, projs[0][0], projs[1][0], projs[2][0], bits, fmt, alpha, False)
     dy = torch.randn_like(y)
     y.backward(dy)
     xr = x.detach().double().requires_grad_()

@@ -1,0 +1,151 @@
+#include "harness/impl/impl_ops.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
+
+#include <algorithm>
+
+#include "harness/common/input_error.h"
+
+namespace gradscope::impl {
+namespace {
+
+std::string without_name(const c10::FunctionSchema& s) {
+  std::string text = c10::toString(s);
+  const auto paren = text.find('(');
+  return paren == std::string::npos ? text : text.substr(paren);
+}
+
+// Types in order: the call is positional, so names and defaults do not matter.
+bool same_types(const std::vector<c10::Argument>& a, const std::vector<c10::Argument>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (*a[i].type() != *b[i].type()) return false;
+  }
+  return true;
+}
+
+c10::OperatorHandle find(const std::string& ns, const std::string& name) {
+  auto op = c10::Dispatcher::singleton().findOp({ns + "::" + name, ""});
+  if (!op || !op->hasSchema()) {
+    throw InputError("implementation '" + ns + "' has no operator " + ns + "::" + name +
+                     " (expected " + ns + "::" + op_schema(name).schema + ")");
+  }
+  return *op;
+}
+
+bool is_not_implemented(const std::exception& e) {
+  if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) return true;
+  // A Python kernel's exception arrives as its text: "NotImplementedError: ...".
+  const std::string what = e.what();
+  return what.rfind("NotImplementedError", 0) == 0 ||
+         what.find("\nNotImplementedError") != std::string::npos;
+}
+
+torch::jit::Stack call(const std::string& ns, const std::string& name, torch::jit::Stack stack) {
+  const auto op = find(ns, name);
+  try {
+    op.callBoxed(&stack);
+  } catch (const std::exception& e) {
+    if (is_not_implemented(e)) throw Unsupported(ns + "::" + name + ": " + e.what());
+    throw;
+  }
+  return stack;
+}
+
+c10::List<at::Tensor> projection_list(const LoraProjection& p) {
+  c10::List<at::Tensor> t(
+      {p.base.qweight, p.base.qzeros, p.base.scales, p.base.g_idx, p.lora_A, p.lora_B});
+  if (p.bias.defined()) t.push_back(p.bias);
+  return t;
+}
+
+c10::IValue mask_of(const LoraDropout& d) {
+  return d.p > 0 && d.mask.defined() ? c10::IValue(d.mask) : c10::IValue();
+}
+
+}  // namespace
+
+const OpSchema& op_schema(const std::string& name) {
+  for (const auto& op : kOpSchemas) {
+    if (name == op.name) return op;
+  }
+  throw std::invalid_argument("no operator '" + name + "' in the contract");
+}
+
+void load_libraries(const std::vector<std::string>& paths) {
+  for (const auto& path : paths) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw InputError("--ops-library " + path + ": not a file");
+    }
+    // Global symbols, as torch.ops.load_library: a library may rely on another's.
+    if (::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char* why = ::dlerror();
+      throw InputError("--ops-library " + path + ": cannot load it: " + (why ? why : "unknown"));
+    }
+  }
+}
+
+void require_ops(const std::string& ns, const std::vector<std::string>& ops) {
+  if (!op_registration_linked()) throw std::logic_error("gradscope's operators are not linked");
+  for (const auto& name : ops) {
+    const auto op = find(ns, name);
+    const auto expected = torch::jit::parseSchema(op_schema(name).schema);
+    const auto& actual = op.schema();
+    if (!same_types(actual.arguments(), expected.arguments()) ||
+        !same_types(actual.returns(), expected.returns())) {
+      throw InputError("implementation '" + ns + "': " + ns + "::" + name +
+                       " has a different signature\n  registered: " + without_name(actual) +
+                       "\n  expected:   " + without_name(expected) + "\n  (schema version " +
+                       std::to_string(kOpSchemaVersion) + ", docs/implementations.md)");
+    }
+  }
+}
+
+at::Tensor Ops::dequantize(const GptqWeight& w, at::ScalarType dtype,
+                           const std::string& layout) const {
+  auto out = call(ns_, "dequantize",
+                  {w.qweight, w.qzeros, w.scales, w.g_idx, static_cast<int64_t>(w.bits),
+                   to_string(w.format), dtype, layout});
+  return out.at(0).toTensor();
+}
+
+at::Tensor Ops::lora_w(const at::Tensor& x, const LoraProjection& proj, const LoraArgs& args,
+                       const LoraDropout& dropout) const {
+  auto out =
+      call(ns_, "lora_w",
+           {x, projection_list(proj), static_cast<int64_t>(proj.base.bits),
+            to_string(proj.base.format), args.alpha, args.rslora, mask_of(dropout), dropout.p});
+  return out.at(0).toTensor();
+}
+
+std::vector<at::Tensor> Ops::lora_qkv(const at::Tensor& x, const LoraProjection& q,
+                                      const LoraProjection& k, const LoraProjection& v,
+                                      const LoraArgs& args, const LoraDropout& dropout) const {
+  auto out = call(ns_, "lora_qkv",
+                  {x, projection_list(q), projection_list(k), projection_list(v),
+                   static_cast<int64_t>(q.base.bits), to_string(q.base.format), args.alpha,
+                   args.rslora, mask_of(dropout), dropout.p});
+  auto list = out.at(0).toTensorVector();
+  if (list.size() != 3) {
+    throw std::runtime_error(ns_ + "::lora_qkv returned " + std::to_string(list.size()) +
+                             " tensors, expected 3 (q, k, v)");
+  }
+  return list;
+}
+
+at::Tensor Ops::lora_mlp(const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,
+                         const LoraProjection& down, const LoraArgs& args,
+                         const LoraDropout& dropout_x, const LoraDropout& dropout_h) const {
+  auto out = call(
+      ns_, "lora_mlp",
+      {x, projection_list(gate), projection_list(up), projection_list(down),
+       static_cast<int64_t>(gate.base.bits), to_string(gate.base.format), args.alpha, args.rslora,
+       mask_of(dropout_x), mask_of(dropout_h), std::max(dropout_x.p, dropout_h.p)});
+  return out.at(0).toTensor();
+}
+
+}  // namespace gradscope::impl

@@ -1,0 +1,36 @@
+// The operator schemas of an implementation under test (docs/implementations.md, version 2):
+// gradscope registers them in namespace `gradscope` (kernels/src/torch_library.cpp), and the
+// harness requires them of any namespace chosen with --impl (harness/impl/impl_ops.cpp).
+#pragma once
+
+namespace gradscope {
+
+inline constexpr int kOpSchemaVersion = 2;
+
+struct OpSchema {
+  const char* name;
+  const char* schema;  // without the namespace
+};
+
+inline constexpr OpSchema kOpSchemas[] = {
+    {"dequantize",
+     "dequantize(Tensor qweight, Tensor qzeros, Tensor scales, Tensor g_idx, int bits, "
+     "str zero_format, ScalarType dtype, str layout=\"in_out\") -> Tensor"},
+    {"lora_w",
+     "lora_w(Tensor x, Tensor[] proj, int bits, str zero_format, float lora_alpha, "
+     "bool use_rslora, Tensor? dropout_mask=None, float dropout_p=0.0) -> Tensor"},
+    {"lora_qkv",
+     "lora_qkv(Tensor x, Tensor[] q, Tensor[] k, Tensor[] v, int bits, str zero_format, "
+     "float lora_alpha, bool use_rslora, Tensor? dropout_mask=None, float dropout_p=0.0) "
+     "-> Tensor[]"},
+    {"lora_mlp",
+     "lora_mlp(Tensor x, Tensor[] gate, Tensor[] up, Tensor[] down, int bits, "
+     "str zero_format, float lora_alpha, bool use_rslora, Tensor? dropout_x=None, "
+     "Tensor? dropout_h=None, float dropout_p=0.0) -> Tensor"},
+};
+
+// Defined beside the registration: a program that calls it links the object that registers
+// the operators (a static archive's member is linked only when one of its symbols is used).
+bool op_registration_linked();
+
+}  // namespace gradscope
