@@ -9,7 +9,8 @@ APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libgloo-dev
 TORCH_VERSION=2.11.0
 # h5py: the users' reader of dumps; safetensors: Hugging Face's checkpoint library. Tests
 # check both read what gradscope writes (and gradscope reads what safetensors writes).
-PY_PACKAGES=(h5py safetensors)
+# pybind11 and scikit-build-core build the Python package (scripts/install-package.sh).
+PY_PACKAGES=(h5py safetensors pybind11 scikit_build_core)
 PYTHON=${PYTHON:-python3}
 
 missing=()

@@ -95,9 +95,9 @@ TEST(Impl, AMissingOperatorOrNamespaceIsRefusedNamingIt) {
 }
 
 TEST(Impl, KindsOutsideTheContractAreRefused) {
-  const auto r = run_impl("plain_torch", {kCases + "/smoke/layer.toml"});
+  const auto r = run_impl("plain_torch", {kCases + "/fsdp/fsdp.toml"});
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.err, "kind 'layer' runs gradscope's own kernels only")) << r.err;
+  EXPECT_TRUE(has(r.err, "kind 'fsdp' runs gradscope's own kernels only")) << r.err;
 }
 
 TEST(Impl, ABadLibraryIsRefusedNamingTheFile) {

@@ -329,8 +329,8 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
     const auto kind_ops = find_runner(kind)->prod_ops();
     if (kind_ops.empty() && !o.impl.is_default()) {
       throw InputError("--impl " + o.impl.ns + ": kind '" + kind +
-                       "' runs gradscope's own kernels only; --impl covers the kinds dequant, "
-                       "lora_w, qkv and mlp (select those with --filter or case files)");
+                       "' runs gradscope's own kernels only (its ranks shard gradscope's "
+                       "storage); select other kinds with --filter or case files");
     }
     ops.insert(kind_ops.begin(), kind_ops.end());
   }

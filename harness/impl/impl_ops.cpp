@@ -105,6 +105,20 @@ void require_ops(const std::string& ns, const std::vector<std::string>& ops) {
   }
 }
 
+LayerLoraOps layer_ops(const Ops& ops, const LoraArgs& args) {
+  LayerLoraOps l;
+  l.qkv = [ops, args](const at::Tensor& x, const LoraProjection& q, const LoraProjection& k,
+                      const LoraProjection& v) { return ops.lora_qkv(x, q, k, v, args, {}); };
+  l.w = [ops, args](const at::Tensor& x, const LoraProjection& o) {
+    return ops.lora_w(x, o, args, {});
+  };
+  l.mlp = [ops, args](const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,
+                      const LoraProjection& down) {
+    return ops.lora_mlp(x, gate, up, down, args, {}, {});
+  };
+  return l;
+}
+
 at::Tensor Ops::dequantize(const GptqWeight& w, at::ScalarType dtype,
                            const std::string& layout) const {
   auto out = call(ns_, "dequantize",

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gradscope/decoder_layer.h"
 #include "gradscope/lora_ops.h"
 #include "gradscope/op_schemas.h"
 
@@ -50,6 +51,11 @@ struct LoraArgs {
 // kernels and autograd formulas registered for them run). An operator that raises
 // NotImplementedError (Python) or c10::NotImplementedError (TORCH_CHECK_NOT_IMPLEMENTED)
 // throws Unsupported; any other error propagates as the implementation raised it.
+class Ops;
+// A decoder layer's LoRA ops as `ops`' operators, with the case's alpha and rsLoRA (no
+// dropout inside a layer).
+LayerLoraOps layer_ops(const Ops& ops, const LoraArgs& args);
+
 class Ops {
  public:
   explicit Ops(std::string ns) : ns_(std::move(ns)) {}

@@ -32,6 +32,8 @@ class LayerRunner final : public CaseRunner {
            tb::Config(s).id_suffix();
   }
 
+  std::vector<std::string> prod_ops() const override { return {"lora_qkv", "lora_w", "lora_mlp"}; }
+
   void validate(const CaseSpec& s) const override { ds::validate(s, kind()); }
 
   RunOutput run(const CaseSpec& s, const std::string& id,
@@ -97,6 +99,7 @@ class LayerRunner final : public CaseRunner {
       at::Tensor out;
       tb::Gradients grads;
     };
+    const auto prod_ops = impl::layer_ops(impl::Ops(options.impl), c.lora_args());
     const auto pass = [&](tb::Impl impl, int64_t i) {
       const bool prod = impl == tb::Impl::kProd;
       const auto& own = prod ? x.prod : x.base;
@@ -108,7 +111,7 @@ class LayerRunner final : public CaseRunner {
       const auto d = ds::device_layer(c, dims, stack[i], impl, shape.position_offset);
       setup_time.finish("setup", setup);
       setup_seconds[prod ? 0 : 1] += setup.back().second;
-      const auto out = prod ? decoder_layer(h, d) : baseline::decoder_layer(h, d);
+      const auto out = prod ? decoder_layer(h, d, prod_ops) : baseline::decoder_layer(h, d);
       return Pass{out.detach(), tb::backward({out}, {dy_i}, h,
                                              {&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})};
     };

@@ -100,14 +100,22 @@ struct FrozenModel {
   at::Tensor embedding, final_norm, lm_head;  // case dtype, device
 };
 
+// Which layers a pass runs: prod's, whose LoRA ops are the implementation under test's
+// operators, or the baseline's.
+struct LayerPass {
+  tb::Impl impl;
+  LayerLoraOps prod_ops;  // prod only
+};
+
 // Each token's loss [batch * seq] in fp32. The embedding, final norm, LM head and loss are
 // not under test: prod and the baseline share this code and differ only in the layers.
 at::Tensor token_losses(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
-                        const Batch& batch, tb::Impl impl) {
+                        const Batch& batch, const LayerPass& pass) {
   auto h = m.embedding.index_select(0, batch.tokens.flatten())
                .view({batch.tokens.size(0), batch.tokens.size(1), -1});
   for (const auto& layer : layers) {
-    h = impl == tb::Impl::kProd ? decoder_layer(h, layer) : baseline::decoder_layer(h, layer);
+    h = pass.impl == tb::Impl::kProd ? decoder_layer(h, layer, pass.prod_ops)
+                                     : baseline::decoder_layer(h, layer);
   }
   const auto logits = at::matmul(rms_norm(h, m.final_norm, ds::kNormEps), m.lm_head.t());
   return at::cross_entropy_loss(logits.reshape({-1, m.lm_head.size(0)}).to(at::kFloat),
@@ -163,7 +171,7 @@ std::vector<DecoderLayer> with_adapters(std::vector<DecoderLayer> layers,
 // evaluates the token losses on the reference's adapters of that step.
 Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
                  const std::vector<Batch>& batches, const AdapterSnapshots& reference_adapters,
-                 const TrainingConfig& t, tb::Impl impl) {
+                 const TrainingConfig& t, const LayerPass& pass) {
   const auto params = adapters(layers);
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(t.lr)
                                             .betas({t.adamw.beta1, t.adamw.beta2})
@@ -175,7 +183,7 @@ Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
     {
       const at::NoGradGuard no_grad;
       const auto forced = with_adapters(layers, reference_adapters[step]);
-      out.forced_losses.push_back(token_losses(m, forced, batches[step], impl).cpu());
+      out.forced_losses.push_back(token_losses(m, forced, batches[step], pass).cpu());
     }
     for (auto& group : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(t.lr_at(step));
@@ -185,7 +193,7 @@ Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
     if (!backward_changed_adapters) {
       for (const auto& p : params) before.push_back(p.detach().cpu().clone());
     }
-    const auto loss = token_losses(m, layers, batches[step], impl).mean();
+    const auto loss = token_losses(m, layers, batches[step], pass).mean();
     loss.backward();
     if (!backward_changed_adapters) {
       out.before_forward = std::move(before);
@@ -286,6 +294,8 @@ class TrainingRunner final : public CaseRunner {
            std::to_string(t.vocab) + ".n" + std::to_string(t.steps) + tb::Config(s).id_suffix();
   }
 
+  std::vector<std::string> prod_ops() const override { return {"lora_qkv", "lora_w", "lora_mlp"}; }
+
   void validate(const CaseSpec& s) const override {
     ds::validate(s, kind());
     for (const char* beta : {"beta1", "beta2"}) {
@@ -354,10 +364,12 @@ class TrainingRunner final : public CaseRunner {
     const auto reference = train_reference(ref, batches, t, c, snapshots, noise, loss_variances);
     ref_time.finish("ref", result.metrics);
     tb::Measure prod_time(c);
-    const auto prod = train(frozen, prod_layers, batches, snapshots, t, tb::Impl::kProd);
+    const auto prod =
+        train(frozen, prod_layers, batches, snapshots, t,
+              {tb::Impl::kProd, impl::layer_ops(impl::Ops(options.impl), c.lora_args())});
     prod_time.finish("prod", result.metrics);
     tb::Measure base_time(c);
-    const auto base = train(frozen, base_layers, batches, snapshots, t, tb::Impl::kBase);
+    const auto base = train(frozen, base_layers, batches, snapshots, t, {tb::Impl::kBase, {}});
     base_time.finish("base", result.metrics);
 
     report::LossCurve curve;

@@ -42,7 +42,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
-at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
+at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l, const LayerLoraOps& ops) {
   TORCH_CHECK(x.dim() == 3, "decoder_layer: x must be [batch, seq, hidden], got ", x.sizes());
   TORCH_CHECK(
       l.heads > 0 && l.kv_heads > 0 && l.heads % l.kv_heads == 0 && x.size(2) % l.heads == 0,
@@ -51,7 +51,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   const int64_t head_dim = hidden / l.heads;
   const auto n1 = rms_norm(x, l.input_norm, l.norm_eps);
-  const auto qkv = lora_qkv(n1, l.q, l.k, l.v);
+  const auto qkv = ops.qkv ? ops.qkv(n1, l.q, l.k, l.v) : lora_qkv(n1, l.q, l.k, l.v);
   const auto heads = [&](const at::Tensor& t, int64_t n) {
     return t.view({batch, seq, n, head_dim}).transpose(1, 2);
   };
@@ -62,8 +62,10 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   const auto attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
                                                      1.0 / std::sqrt(static_cast<double>(head_dim)),
                                                      /*enable_gqa=*/l.heads != l.kv_heads);
-  const auto h = x + lora_w(attn.transpose(1, 2).reshape({batch, seq, hidden}), l.o);
-  return h + lora_mlp(rms_norm(h, l.post_attention_norm, l.norm_eps), l.gate, l.up, l.down);
+  const auto merged = attn.transpose(1, 2).reshape({batch, seq, hidden});
+  const auto h = x + (ops.w ? ops.w(merged, l.o) : lora_w(merged, l.o));
+  const auto n2 = rms_norm(h, l.post_attention_norm, l.norm_eps);
+  return h + (ops.mlp ? ops.mlp(n2, l.gate, l.up, l.down) : lora_mlp(n2, l.gate, l.up, l.down));
 }
 
 }  // namespace gradscope

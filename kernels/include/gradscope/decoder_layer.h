@@ -6,6 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <vector>
+
 #include "gradscope/lora_ops.h"
 
 namespace gradscope {
@@ -19,8 +22,21 @@ struct DecoderLayer {
   int64_t position_offset = 0;  // position of each sequence's first token
 };
 
+// The fused LoRA ops a layer calls. Members left empty call this library's own; a harness sets
+// them to another implementation's operators (docs/implementations.md).
+struct LayerLoraOps {
+  std::function<std::vector<at::Tensor>(const at::Tensor&, const LoraProjection&,
+                                        const LoraProjection&, const LoraProjection&)>
+      qkv;
+  std::function<at::Tensor(const at::Tensor&, const LoraProjection&)> w;
+  std::function<at::Tensor(const at::Tensor&, const LoraProjection&, const LoraProjection&,
+                           const LoraProjection&)>
+      mlp;
+};
+
 // x [batch, seq, hidden] -> [batch, seq, hidden]; position of token t is position_offset + t.
-at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer);
+at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer,
+                         const LayerLoraOps& ops = {});
 
 // Hugging Face's LlamaRMSNorm: fp32 statistics, the result rounded to x's dtype, times weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

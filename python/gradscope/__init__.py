@@ -1,0 +1,28 @@
+"""gradscope: proves quantized-LoRA training kernels compute the right gradients.
+
+    python -m gradscope run cases/smoke/lora_w.toml --impl myns --import mypackage.ops
+
+runs the command line in this process (every argument of `gradscope`, plus `--import MODULE`
+to import modules that register operators with torch.library first), and
+
+    gradscope.check("cases/smoke/lora_w.toml", impl="myns", imports=["mypackage.ops"])
+
+runs the same from a test and returns the verdicts, raising AssertionError on a failing check.
+The operators an implementation registers: docs/implementations.md, or OP_SCHEMAS here.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension that links it)
+
+from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
+from .api import Case, Check, GradscopeInputError, check, define_ops, main
+
+__all__ = [
+    "Case",
+    "Check",
+    "GradscopeInputError",
+    "FAULT_SWITCHES",
+    "OP_SCHEMAS",
+    "OP_SCHEMA_VERSION",
+    "check",
+    "define_ops",
+    "main",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from .api import main
+
+sys.exit(main())

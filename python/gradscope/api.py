@@ -1,0 +1,188 @@
+"""The command line in-process, and a test-facing check() over it."""
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import tempfile
+from typing import Iterable, List, Optional, Sequence
+
+from . import _gradscope
+
+
+class GradscopeInputError(ValueError):
+    """The run could not judge its cases (exit code 2): a bad case, file, flag or operator."""
+
+
+@dataclasses.dataclass
+class Check:
+    path: str
+    status: str  # "pass" or "fail"
+    message: str  # the failure message; empty when it passed
+    max_abs: Optional[float]  # worst |prod - ref|
+    limit: Optional[float]  # what the rule allowed there
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclasses.dataclass
+class Case:
+    id: str
+    kind: str
+    status: str  # "pass", "fail", "invalid" or "unsupported"
+    checks: List[Check]
+    replay: str
+    unsupported: Optional[str] = None  # the implementation's message when it declined
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+def _split_imports(argv: Sequence[str]):
+    """Takes every `--import MODULE` (or --import=MODULE) out of argv."""
+    imports, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--import":
+            if i + 1 >= len(argv):
+                raise GradscopeInputError("--import needs a module name")
+            imports.append(argv[i + 1])
+            i += 2
+            continue
+        if a.startswith("--import="):
+            imports.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    return imports, rest
+
+
+def _import_all(modules: Iterable[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # any failure to import is the user's input
+            raise GradscopeInputError(f"--import {name}: {type(e).__name__}: {e}") from e
+
+
+def define_ops(library, names: Optional[Iterable[str]] = None) -> None:
+    """Defines the contract's operators (all, or `names`) in a torch.library.Library("ns",
+    "DEF"), so an implementation registers only their kernels: library.impl(name, fn, key)."""
+    for name in names if names is not None else OP_SCHEMAS_ORDER:
+        library.define(_gradscope.OP_SCHEMAS[name])
+
+
+OP_SCHEMAS_ORDER = ("dequantize", "lora_w", "lora_qkv", "lora_mlp")
+
+
+def _run(args: Sequence[str]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _gradscope.run_cli(list(args))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m gradscope ARGS`: the gradscope command line, plus --import MODULE."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        imports, rest = _split_imports(argv)
+        _import_all(imports)
+    except GradscopeInputError as e:
+        print(f"gradscope: {e}", file=sys.stderr)
+        return 2
+    return _run(rest)
+
+
+class _CapturedFd:
+    """Output of the C++ side (file descriptors 1 and 2) into temporary files."""
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved, self._files = [], []
+        for fd in (1, 2):
+            f = tempfile.TemporaryFile(mode="w+b")
+            self._saved.append(os.dup(fd))
+            os.dup2(f.fileno(), fd)
+            self._files.append(f)
+        return self
+
+    def __exit__(self, *exc):
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.out, self.err = [], []
+        for f, sink in zip(self._files, ("out", "err")):
+            f.seek(0)
+            setattr(self, sink, f.read().decode(errors="replace"))
+            f.close()
+        return False
+
+
+def check(
+    cases: Sequence[str] = (),
+    *,
+    suite: Optional[str] = None,
+    impl: str = "gradscope",
+    imports: Iterable[str] = (),
+    ops_libraries: Iterable[str] = (),
+    filter: Optional[str] = None,
+    device: Optional[str] = None,
+    dtype: Optional[str] = None,
+    seed: Optional[int] = None,
+    json_path: Optional[str] = None,
+    extra_args: Sequence[str] = (),
+    raise_on_failure: bool = True,
+) -> List[Case]:
+    """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
+
+    Raises GradscopeInputError when the run cannot judge its cases (exit 2) and, unless
+    raise_on_failure is False, AssertionError listing every failing check with its message
+    and the command that replays the case.
+    """
+    if isinstance(cases, str):
+        cases = [cases]
+    _import_all(imports)
+    with tempfile.TemporaryDirectory(prefix="gradscope-check-") as scratch:
+        report = json_path or os.path.join(scratch, "report.json")
+        args = ["run", *cases, "--quiet", "--json", report, "--impl", impl]
+        for lib in ops_libraries:
+            args += ["--ops-library", lib]
+        for flag, value in (("--suite", suite), ("--filter", filter), ("--device", device),
+                            ("--dtype", dtype), ("--seed", seed)):
+            if value is not None:
+                args += [flag, str(value)]
+        args += list(extra_args)
+        with _CapturedFd() as captured:
+            code = _run(args)
+        if code == 2 or not os.path.exists(report):
+            raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
+        with open(report) as f:
+            data = json.load(f)
+    result = [
+        Case(
+            id=c["id"],
+            kind=c["kind"],
+            status=c["status"],
+            replay=c["replay"],
+            unsupported=c.get("unsupported"),
+            checks=[
+                Check(path=k["path"], status=k["status"], message=k.get("message") or "",
+                      max_abs=k.get("max_abs"), limit=k.get("limit"))
+                for k in c["checks"]
+            ],
+        )
+        for c in data["cases"]
+    ]
+    failing = [c for c in result if c.status == "fail"]
+    if failing and raise_on_failure:
+        lines = [f"{len(failing)} of {len(result)} gradscope cases failed (implementation {impl})"]
+        for c in failing:
+            lines.append(f"{c.id}:")
+            lines += [f"  {k.message}" for k in c.checks if not k.passed]
+            lines.append(f"  replay: {c.replay}")
+        raise AssertionError("\n".join(lines))
+    return result

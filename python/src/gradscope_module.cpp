@@ -1,0 +1,32 @@
+// gradscope._gradscope: the command line in-process and the operator contract, for the Python
+// package (python/gradscope). Importing it also registers gradscope's own operators
+// (torch.ops.gradscope.*): the harness's copy of the kernels carries the registration.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "gradscope/faults.h"
+#include "gradscope/op_schemas.h"
+#include "harness/cli/cli.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_gradscope, m) {
+  m.doc() = "gradscope's command line and operator schemas (use the gradscope package)";
+  m.def(
+      "run_cli",
+      [](const std::vector<std::string>& args) {
+        // Without the GIL: operators written in Python take it when the dispatcher calls
+        // them, and autograd's device threads take it for Python backward nodes.
+        py::gil_scoped_release release;
+        return gradscope::run_cli(args);
+      },
+      py::arg("args"), "runs `gradscope ARGS...` in this process and returns its exit code");
+  py::dict schemas;
+  for (const auto& op : gradscope::kOpSchemas) schemas[op.name] = op.schema;
+  m.attr("OP_SCHEMAS") = schemas;
+  m.attr("OP_SCHEMA_VERSION") = gradscope::kOpSchemaVersion;
+  m.attr("FAULT_SWITCHES") = gradscope::kFaultSwitchesCompiled;
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Python package `gradscope` from this checkout into python3 (docs/python.md):
+# built against the torch already installed there (no build isolation: an isolated build
+# would fetch another torch), fault switches off, build files kept in build/python-package
+# so that a second run rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+"$PYTHON" -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps .
+# The installed package, not this checkout, answers from another folder.
+(cd / && "$PYTHON" -m gradscope --help >/dev/null && "$PYTHON" -c \
+  'import gradscope; assert not gradscope.FAULT_SWITCHES, "the package carries fault switches"')
+echo "install-package: $("$PYTHON" -c 'import gradscope, os; print(os.path.dirname(gradscope.__file__))')"

@@ -1,0 +1,78 @@
+"""The Python package: `python -m gradscope` with --import, and gradscope.check().
+
+Usage: python_package.py CASES_DIR   (with gradscope and plain_torch_impl on PYTHONPATH)
+1. `python -m gradscope run lora_w.toml --impl plain_py --import plain_torch_impl` exits 0;
+   the namespace whose forward leaves the adapter scaling out exits 1, with failing checks
+   on the output and on lora_A.grad and lora_B.grad; an unknown module exits 2.
+2. gradscope.check() returns the verdicts as objects, raises AssertionError naming each
+   failing check and its replay line, and GradscopeInputError for what cannot be judged.
+3. Importing gradscope registers gradscope's own operators (torch.ops.gradscope.*).
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+import gradscope
+
+
+def run_cli(*args):
+    p = subprocess.run([sys.executable, "-m", "gradscope", *args], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def main(cases_dir):
+    lora_w = os.path.join(cases_dir, "smoke", "lora_w.toml")
+    variants = os.path.join(cases_dir, "smoke", "lora_w_variants.toml")
+
+    code, out = run_cli("run", lora_w, variants, "--quiet", "--impl", "plain_py",
+                        "--import", "plain_torch_impl")
+    assert code == 0, out
+    assert "56 passed, 0 failed, 16 unsupported by plain_py" in out, out
+    assert "NotImplementedError: plain_py: 3-bit words are not unpacked here" in out, out
+
+    code, out = run_cli("run", lora_w, "--filter", "*fp32*r8*", "--impl", "plain_py_unscaled",
+                        "--import", "plain_torch_impl")
+    assert code == 1, out
+    for tensor in ("output", "lora_A.grad", "lora_B.grad"):
+        assert f"o_proj/{tensor}: |prod - ref|" in out, (tensor, out)
+    assert "--impl 'plain_py_unscaled'" in out, out
+
+    code, out = run_cli("run", lora_w, "--impl", "plain_py", "--import", "no_such_module_here")
+    assert code == 2, out
+    assert "--import no_such_module_here: ModuleNotFoundError" in out, out
+
+    cases = gradscope.check(lora_w, impl="plain_py", imports=["plain_torch_impl"],
+                            filter="*bf16*r16*")
+    assert len(cases) == 4 and all(c.passed for c in cases), cases
+    assert all(k.passed and k.limit is not None for c in cases for k in c.checks), cases
+    assert {k.path.split("/")[-1] for k in cases[0].checks} == {
+        "output", "input.grad", "lora_A.grad", "lora_B.grad"}, cases[0].checks
+
+    try:
+        gradscope.check(lora_w, impl="plain_py_unscaled", filter="*fp16*r8*p0.1.bias*")
+        raise RuntimeError("a failing implementation passed check()")
+    except AssertionError as e:
+        text = str(e)
+        assert "1 of 1 gradscope cases failed (implementation plain_py_unscaled)" in text, text
+        assert "o_proj/lora_B.grad: |prod - ref|" in text and "replay: " in text, text
+
+    failed = gradscope.check(lora_w, impl="plain_py_unscaled", filter="*fp16*r8*p0.1.bias*",
+                             raise_on_failure=False)
+    assert [c.status for c in failed] == ["fail"], failed
+
+    try:
+        gradscope.check(lora_w, impl="nobody")
+        raise RuntimeError("an unknown namespace was accepted")
+    except gradscope.GradscopeInputError as e:
+        assert "has no operator nobody::lora_w" in str(e), e
+
+    assert hasattr(torch.ops.gradscope, "lora_w")
+    assert gradscope.OP_SCHEMA_VERSION == 2
+    assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")
+    print("python package: CLI, --import, check() and the operator registration as expected")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
