@@ -9,8 +9,9 @@ APT_PACKAGES=(cmake ninja-build g++ ccache libeigen3-dev libhdf5-dev libgloo-dev
 TORCH_VERSION=2.11.0
 # h5py: the users' reader of dumps; safetensors: Hugging Face's checkpoint library. Tests
 # check both read what gradscope writes (and gradscope reads what safetensors writes).
-# pybind11 and scikit-build-core build the Python package (scripts/install-package.sh).
-PY_PACKAGES=(h5py safetensors pybind11 scikit_build_core)
+# pybind11 and scikit-build-core build the Python package (scripts/install-package.sh); peft
+# is the peer its adapter puts under test (python/gradscope/adapters/peft.py).
+PY_PACKAGES=(h5py safetensors pybind11 scikit_build_core peft)
 PYTHON=${PYTHON:-python3}
 
 missing=()

@@ -637,6 +637,12 @@ int run_cli(int argc, const char* const* argv) {
       ->check(kNonEmpty);
   sample->add_option("--junit", sample_outputs.junit, "write JUnit XML to FILE")->check(kNonEmpty);
   sample->add_flag("--verbose", sample_verbose, "print every case, not only failing ones");
+  sample->add_option("--impl", sample_outputs.impl.ns,
+                     "operator namespace of the implementation under test (default gradscope)")
+      ->check(kNonEmpty);
+  sample->add_option("--ops-library", sample_outputs.impl.libraries,
+                     "load this shared library first (it registers the --impl namespace)")
+      ->check(kNonEmpty);
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
