@@ -254,6 +254,30 @@ TEST(Resources, ExportTooLargeForTheMachineIsRefused) {
   EXPECT_TRUE(files::find_files(dir.path(), "").empty());
 }
 
+// A case whose fp64 reference alone cannot fit is refused before its inputs are drawn: an
+// invalid case (exit 2) naming the size, for every kind with such a bound.
+TEST(Resources, CasesTooLargeForTheMachineAreRefusedBeforeAllocating) {
+  TempDir dir;
+  const std::vector<std::string> cases = {
+      dir.write("w.toml", "kind = \"lora_w\"\nin_features = 1048576\nout_features = 1048576\n"),
+      dir.write("d.toml", "kind = \"dequant\"\nin_features = 1048576\nout_features = 1048576\n"),
+      dir.write("l.toml",
+                "kind = \"layer\"\nhidden = 4096\nintermediate = 11008\nheads = 32\n"
+                "kv_heads = 8\nbatch = 64\nseq = 65536\n")};
+  const auto r = cli({"run", cases[0], cases[1], cases[2], "--json", dir.path("r.json")});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  for (const char* kind : {"lora_w.", "dequant.", "layer."}) {
+    EXPECT_NE(r.out.find(std::string("INVALID  ") + kind), std::string::npos) << kind << r.out;
+  }
+  const std::string says =
+      "GiB of host memory (the reference's fp64 weights and activations); "
+      "this machine has";
+  size_t count = 0;
+  for (auto at = r.out.find(says); at != std::string::npos; at = r.out.find(says, at + 1)) ++count;
+  EXPECT_EQ(count, 3u) << r.out;
+  EXPECT_TRUE(files::is_regular_file(dir.path("r.json")));
+}
+
 TEST(Messages, SayWhatIsWrong) {
   TempDir dir;
   const struct {

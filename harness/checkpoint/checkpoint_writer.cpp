@@ -12,6 +12,7 @@
 
 #include "harness/checkpoint/gptq_config.h"
 #include "harness/common/file_system.h"
+#include "harness/common/host_memory.h"
 #include "harness/common/input_error.h"
 #include "harness/generate/gptq_layer_gen.h"
 #include "reports/output_file.h"
@@ -57,8 +58,7 @@ void export_checkpoint(const ExportOptions& o) {
     packed += static_cast<double>(o.layers) * static_cast<double>(in) * static_cast<double>(out) *
               o.bits / 8.0;
   }
-  const double memory =
-      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double memory = host_memory_bytes();
   if (memory > 0 && largest + packed > memory) {
     throw InputError("export of " + std::to_string(o.layers) + " layer(s) at hidden " +
                      std::to_string(o.hidden) + ", intermediate " + std::to_string(o.intermediate) +

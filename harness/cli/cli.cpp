@@ -27,6 +27,7 @@
 #include "harness/cli/checkpoint_commands.h"
 #include "harness/cli/environment.h"
 #include "harness/common/file_system.h"
+#include "harness/common/host_memory.h"
 #include "harness/common/input_error.h"
 #include "harness/impl/impl_ops.h"
 #include "harness/spec/case_runner.h"
@@ -157,6 +158,17 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
                   sc.spec.get_string("device") + " --dtype " + sc.spec.get_string("dtype") +
                   " --seed " + std::to_string(sc.spec.get_int("seed"));
   const auto start = std::chrono::steady_clock::now();
+  // Refused before anything is allocated: a case that cannot fit would be killed by the
+  // kernel's out-of-memory handler part way, not fail with a message.
+  const double at_least = find_runner(sc.spec.kind)->host_bytes_at_least(sc.spec);
+  const double memory = host_memory_bytes();
+  if (memory > 0 && at_least > memory) {
+    result.input_error = sc.id + ": needs at least " + format_gib(at_least) +
+                         " of host memory (the reference's fp64 weights and activations); this "
+                         "machine has " +
+                         format_gib(memory);
+    return result;
+  }
   if (options.impl != "gradscope") result.replay += " --impl " + shell_quote(options.impl);
   for (const auto& lib : options.ops_libraries)
     result.replay += " --ops-library " + shell_quote(lib);
@@ -637,11 +649,13 @@ int run_cli(int argc, const char* const* argv) {
       ->check(kNonEmpty);
   sample->add_option("--junit", sample_outputs.junit, "write JUnit XML to FILE")->check(kNonEmpty);
   sample->add_flag("--verbose", sample_verbose, "print every case, not only failing ones");
-  sample->add_option("--impl", sample_outputs.impl.ns,
-                     "operator namespace of the implementation under test (default gradscope)")
+  sample
+      ->add_option("--impl", sample_outputs.impl.ns,
+                   "operator namespace of the implementation under test (default gradscope)")
       ->check(kNonEmpty);
-  sample->add_option("--ops-library", sample_outputs.impl.libraries,
-                     "load this shared library first (it registers the --impl namespace)")
+  sample
+      ->add_option("--ops-library", sample_outputs.impl.libraries,
+                   "load this shared library first (it registers the --impl namespace)")
       ->check(kNonEmpty);
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");

@@ -94,6 +94,22 @@ reference::AttentionShape Dims::attention(const tb::Config& c) const {
   return shape;
 }
 
+double stack_reference_bytes(const CaseSpec& spec) {
+  const Dims d(spec);
+  const int64_t kv_out = d.hidden / d.heads * d.kv_heads;
+  const auto projections = [&](auto bytes) {
+    return 2 * bytes(d.hidden, d.hidden) + 2 * bytes(d.hidden, kv_out) +
+           2 * bytes(d.hidden, d.intermediate) + bytes(d.intermediate, d.hidden);
+  };
+  // Every layer's weights are held by the stack; one layer's activations at a time.
+  const double weights = projections([](int64_t in, int64_t out) { return 8.0 * in * out; });
+  const double one_layer = projections(
+      [&](int64_t in, int64_t out) { return tb::reference_projection_bytes(spec, in, out); });
+  const double batch = static_cast<double>(std::max<int64_t>(1, spec.get_int("batch")));
+  const double seq = static_cast<double>(spec.get_int("seq"));
+  return double(d.layers - 1) * weights + one_layer + 8.0 * batch * double(d.heads) * seq * seq;
+}
+
 std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
   const int64_t kv_out = d.hidden / d.heads * d.kv_heads;
   std::vector<StackLayer> stack(d.layers);

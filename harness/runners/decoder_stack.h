@@ -34,6 +34,10 @@ struct StackLayer {
   at::Tensor input_norm, post_attention_norm;         // case dtype, host
   reference::Layer ref;
 };
+// The reference's fp64 copies of every layer's seven projections (with the activations on
+// their sides) and of one layer's attention probabilities [batch, heads, seq, seq].
+double stack_reference_bytes(const CaseSpec& spec);
+
 // Layer i draws from streams "layers.<i + 1>.*".
 std::vector<StackLayer> make_stack(const lora_testbed::Config& c, const Dims& d);
 

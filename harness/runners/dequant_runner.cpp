@@ -100,6 +100,11 @@ class DequantRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"dequantize"}; }
 
+  // The reference's fp64 weight and the quantizer's int64 codes, [in, out] each.
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    return 16.0 * double(s.get_int("in_features")) * double(s.get_int("out_features"));
+  }
+
   std::string case_id(const CaseSpec& s) const override {
     const DequantCase c(s);
     std::ostringstream id;

@@ -120,6 +120,13 @@ class FsdpRunner final : public CaseRunner {
            s.get_string("sharding") + "." + f.storage + tb::Config(s).id_suffix();
   }
 
+  // The MLP's reference, as in kind mlp.
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    return 2 * tb::reference_projection_bytes(s, hidden, inter) +
+           tb::reference_projection_bytes(s, inter, hidden);
+  }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     const FsdpConfig f(s);

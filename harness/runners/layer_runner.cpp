@@ -34,6 +34,10 @@ class LayerRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"lora_qkv", "lora_w", "lora_mlp"}; }
 
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    return ds::stack_reference_bytes(s);
+  }
+
   void validate(const CaseSpec& s) const override { ds::validate(s, kind()); }
 
   RunOutput run(const CaseSpec& s, const std::string& id,

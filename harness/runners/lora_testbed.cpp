@@ -50,6 +50,17 @@ std::vector<FieldSpec> fields() {
   return f;
 }
 
+int64_t case_tokens(const CaseSpec& spec) {
+  const int64_t batch = spec.get_int("batch"), seq = spec.get_int("seq");
+  return batch > 0 ? batch * seq : seq;
+}
+
+double reference_projection_bytes(const CaseSpec& spec, int64_t in, int64_t out) {
+  const double tokens = static_cast<double>(case_tokens(spec));
+  // W^T, and x, y, dy, dx in fp64.
+  return 8.0 * (double(in) * double(out) + 2.0 * tokens * double(in + out));
+}
+
 void validate(const CaseSpec& spec) {
   validate_gptq_fields(spec);
   if (spec.get_float("dropout") >= 1.0) {

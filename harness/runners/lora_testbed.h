@@ -21,6 +21,11 @@
 
 namespace gradscope::lora_testbed {
 
+// The reference's fp64 copy of a projection [in, out] and of the activations and gradients
+// on its two sides over the case's tokens: what any LoRA case holds at least, per projection.
+double reference_projection_bytes(const CaseSpec& spec, int64_t in, int64_t out);
+int64_t case_tokens(const CaseSpec& spec);
+
 // rank, alpha, rslora, dropout, bias, adapter_dtype, batch, seq, the profile fields, then the
 // GPTQ fields.
 std::vector<FieldSpec> fields();

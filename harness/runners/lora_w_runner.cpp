@@ -33,6 +33,10 @@ class LoraWRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"lora_w"}; }
 
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    return tb::reference_projection_bytes(s, s.get_int("in_features"), s.get_int("out_features"));
+  }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     validate_gptq_shape(s, s.get_int("in_features"), s.get_int("out_features"), "in_features",

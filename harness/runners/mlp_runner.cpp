@@ -32,6 +32,12 @@ class MlpRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"lora_mlp"}; }
 
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
+    return 2 * tb::reference_projection_bytes(s, hidden, inter) +
+           tb::reference_projection_bytes(s, inter, hidden);
+  }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     validate_gptq_shape(s, s.get_int("hidden"), s.get_int("intermediate"), "hidden",

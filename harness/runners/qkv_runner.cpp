@@ -36,6 +36,13 @@ class QkvRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"lora_qkv"}; }
 
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    const int64_t hidden = s.get_int("hidden");
+    const int64_t kv_out = hidden / s.get_int("heads") * s.get_int("kv_heads");
+    return tb::reference_projection_bytes(s, hidden, hidden) +
+           2 * tb::reference_projection_bytes(s, hidden, kv_out);
+  }
+
   void validate(const CaseSpec& s) const override {
     tb::validate(s);
     const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),

@@ -296,6 +296,12 @@ class TrainingRunner final : public CaseRunner {
 
   std::vector<std::string> prod_ops() const override { return {"lora_qkv", "lora_w", "lora_mlp"}; }
 
+  // The stack, the embedding and LM head in fp64, and one step's logits.
+  double host_bytes_at_least(const CaseSpec& s) const override {
+    const double vocab = double(s.get_int("vocab")), hidden = double(s.get_int("hidden"));
+    return ds::stack_reference_bytes(s) + 8.0 * vocab * (2 * hidden + double(tb::case_tokens(s)));
+  }
+
   void validate(const CaseSpec& s) const override {
     ds::validate(s, kind());
     for (const char* beta : {"beta1", "beta2"}) {

@@ -38,6 +38,10 @@ class CaseRunner {
   // The operators of the implementation under test this kind calls (harness/impl/impl_ops.h);
   // empty: the kind runs gradscope's own kernels directly and takes no other --impl.
   virtual std::vector<std::string> prod_ops() const { return {}; }
+  // A lower bound of the host memory the case holds at once (the reference's fp64 dense
+  // weights and activations): a case whose bound exceeds the machine's memory is refused
+  // before anything is allocated. 0: no bound known.
+  virtual double host_bytes_at_least(const CaseSpec&) const { return 0; }
   // Runs prod and the reference and returns every check, paths prefixed by `id`.
   virtual RunOutput run(const CaseSpec& spec, const std::string& id,
                         const RunOptions& options) const = 0;
