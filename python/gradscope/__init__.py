@@ -10,7 +10,19 @@ to import modules that register operators with torch.library first), and
 runs the same from a test and returns the verdicts, raising AssertionError on a failing check.
 The operators an implementation registers: docs/implementations.md, or OP_SCHEMAS here.
 """
-import torch  # noqa: F401  (loads libtorch before the extension that links it)
+import ctypes
+import os
+
+# The system's C++ runtime first, in the global scope: a torch built with a static libstdc++
+# exports that copy's symbols, and the extension (compiled against this system's headers) must
+# not bind to them while the process also holds the system's copy: that mix crashed in the
+# first std::ostream insertion on the GPU machine's torch build (docs/python.md).
+try:
+    ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_GLOBAL)
+except OSError:
+    pass
+
+import torch  # noqa: E402,F401  (loads libtorch before the extension that links it)
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
 from .api import Case, Check, GradscopeInputError, check, define_ops, main

@@ -9,7 +9,8 @@ The adapter hands the case's tensors to the peer's functions as fms-acceleration
 `get_lora_parameters` does for a peft GPTQ layer: packed words, scales, zeros, g_idx, bits,
 bias, lora_A and lora_B weights, the scaling peft derives (alpha / r, or alpha / sqrt(r) with
 rsLoRA: fms-acceleration reads peft's), and a dropout module (the case's mask, rescaled as
-nn.Dropout does; the peer stores its output as `.X` for backward). A v1 (`gptq`) layer's
+nn.Dropout does, or nn.Identity; the peer stores its output as `.X` for backward), under
+autocast to the activation dtype as in mixed-precision training. A v1 (`gptq`) layer's
 qzeros carry `offset = 1`, as `get_lora_parameters` sets for an auto_gptq layer.
 
 Declined as unsupported (NotImplementedError), what the peer does not cover: devices other than
@@ -64,7 +65,9 @@ class _MaskDropout(torch.nn.Module):
 
 
 def _dropout(mask, p):
-    return None if mask is None else _MaskDropout(mask, p)
+    # A peft layer always has a dropout module (nn.Identity at p = 0), and the peer's backward
+    # relies on the flattened input the module's call leaves behind.
+    return torch.nn.Identity() if mask is None else _MaskDropout(mask, p)
 
 
 def _projection_args(proj, zero_format, bits, lora_alpha, use_rslora):
@@ -81,11 +84,19 @@ def dequantize(qweight, qzeros, scales, g_idx, bits, zero_format, dtype, layout=
     return w.t().contiguous() if layout == "out_in" else w
 
 
+# The peer runs under autocast to the activation dtype, as in mixed-precision training with
+# Hugging Face's Trainer, its use: its backward multiplies fp16 activations by the adapters as
+# stored, which without autocast raises for fp32 adapters.
+def _autocast(x):
+    return torch.autocast(device_type="cuda", dtype=x.dtype)
+
+
 def lora_w(x, proj, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None, dropout_p=0.0):
     _require(x.device, bits, x.dtype, x.dim())
-    return fast_lora.LoRA_W.apply(x, *_projection_args(proj, zero_format, bits, lora_alpha,
-                                                       use_rslora),
-                                  _dropout(dropout_mask, dropout_p))
+    with _autocast(x):
+        return fast_lora.LoRA_W.apply(x, *_projection_args(proj, zero_format, bits, lora_alpha,
+                                                           use_rslora),
+                                      _dropout(dropout_mask, dropout_p))
 
 
 def lora_qkv(x, q, k, v, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
@@ -94,7 +105,8 @@ def lora_qkv(x, q, k, v, bits, zero_format, lora_alpha, use_rslora, dropout_mask
     args = [a for p in (q, k, v) for a in _projection_args(p, zero_format, bits, lora_alpha,
                                                            use_rslora)]
     drops = [_dropout(dropout_mask, dropout_p) for _ in range(3)]
-    return list(fast_lora.LoRA_QKV.apply(x, *args, *drops))
+    with _autocast(x):
+        return list(fast_lora.LoRA_QKV.apply(x, *args, *drops))
 
 
 def lora_mlp(x, gate, up, down, bits, zero_format, lora_alpha, use_rslora, dropout_x=None,
@@ -104,7 +116,8 @@ def lora_mlp(x, gate, up, down, bits, zero_format, lora_alpha, use_rslora, dropo
                                                                   lora_alpha, use_rslora)]
     drops = [_dropout(dropout_x, dropout_p), _dropout(dropout_x, dropout_p),
              _dropout(dropout_h, dropout_p)]
-    return fast_lora.LoRA_MLP.apply(x, *args, *drops)
+    with _autocast(x):
+        return fast_lora.LoRA_MLP.apply(x, *args, *drops)
 
 
 _library = torch.library.Library(NAMESPACE, "DEF")
