@@ -25,6 +25,7 @@ from fms_acceleration_foak.fused_ops.unsloth_lora.gptq import fast_lora
 from fms_acceleration_foak.fused_ops.unsloth_lora.gptq.triton.kernels import dequant248
 
 import gradscope
+from gradscope.adapters._case_dropout import MaskDropout
 
 NAMESPACE = "fms_acceleration"
 
@@ -53,21 +54,10 @@ def _scaling(lora_a, lora_alpha, use_rslora):
     return lora_alpha / math.sqrt(r) if use_rslora else lora_alpha / r
 
 
-class _MaskDropout(torch.nn.Module):
-    """nn.Dropout's training-mode result for the case's given mask."""
-
-    def __init__(self, mask, p):
-        super().__init__()
-        self.mask, self.p = mask, p
-
-    def forward(self, x):
-        return x * self.mask.reshape(x.shape).to(x.dtype) / (1 - self.p)
-
-
 def _dropout(mask, p):
     # A peft layer always has a dropout module (nn.Identity at p = 0), and the peer's backward
     # relies on the flattened input the module's call leaves behind.
-    return torch.nn.Identity() if mask is None else _MaskDropout(mask, p)
+    return torch.nn.Identity() if mask is None else MaskDropout(mask, p)
 
 
 def _projection_args(proj, zero_format, bits, lora_alpha, use_rslora):

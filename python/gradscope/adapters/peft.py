@@ -20,6 +20,7 @@ from peft.tuners.lora import LoraConfig
 from peft.tuners.lora.gptq import GPTQLoraLinear
 
 import gradscope
+from gradscope.adapters._case_dropout import MaskDropout
 
 NAMESPACE = "peft"
 _ADAPTER = "default"
@@ -41,17 +42,6 @@ class _GptqBase(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class _MaskDropout(torch.nn.Module):
-    """nn.Dropout's training-mode result for the case's given mask."""
-
-    def __init__(self, mask, p):
-        super().__init__()
-        self.mask, self.p = mask, p
-
-    def forward(self, x):
-        return x * self.mask.reshape(x.shape).to(x.dtype) / (1 - self.p)
-
-
 def _peft_linear(x, proj, bits, zero_format, lora_alpha, use_rslora, mask, p):
     qweight, qzeros, scales, g_idx, lora_a, lora_b = proj[:6]
     bias = proj[6] if len(proj) == 7 else None
@@ -61,7 +51,7 @@ def _peft_linear(x, proj, bits, zero_format, lora_alpha, use_rslora, mask, p):
                         lora_dropout=p if mask is not None else 0.0)
     layer = GPTQLoraLinear(base, _ADAPTER, config=config, r=r, lora_alpha=lora_alpha)
     if mask is not None:
-        layer.lora_dropout[_ADAPTER] = _MaskDropout(mask, p)
+        layer.lora_dropout[_ADAPTER] = MaskDropout(mask, p)
     # The case's adapters (leaves whose .grad gradscope reads) in place of peft's own.
     weights = {f"lora_A.{_ADAPTER}.weight": lora_a, f"lora_B.{_ADAPTER}.weight": lora_b}
     return torch.func.functional_call(layer, weights, (x,))
