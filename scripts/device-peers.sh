@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Peers as implementations under test on the GPU machine (docs/peers.md), from the repo root:
-#   bash scripts/device-peers.sh OUTDIR
+#   [STEPS="..."] bash scripts/device-peers.sh OUTDIR
 # The machine has no package index: the peers' wheels (and pybind11's) travel in .whl
-# (carry it with .devdeps). Installs them, builds (with the Python extension), then runs,
-# each within PEER_SECONDS (default 150) and all within CHECK_SECONDS (default 560):
-#   fms_acceleration: the smoke suite's LoRA and dequant files, then PEER_GPU_FILES of the gpu
-#   suite, on CUDA; peft: the smoke LoRA files on CUDA. One log and JSON report per run.
+# (carry it with .devdeps). Installs them, builds (with the Python extension), then runs the
+# STEPS (default: all, in this order), each within PEER_SECONDS (default 150) and all within
+# CHECK_SECONDS (default 560), one log and JSON report per run:
+#   bench        python -m gradscope.bench: gradscope, fms_acceleration and peft side by side
+#   fms_smoke    fms_acceleration over the smoke suite's dequant, then LoRA files
+#   peft_smoke   peft over the smoke LoRA files
+#   fms_gpu      fms_acceleration over PEER_GPU_FILES of the gpu suite (default: those whose
+#                cases take under 20 s each with gradscope's own kernels)
+#   fms_gpu_v2   the same files with every case's zero points in the v2 format (format =
+#                "gptq_v2" added to each file: the files keep v1, where fms fails every case)
+#   peft_gpu     peft over PEER_GPU_FILES (less the dequant files: peft has no dequantize)
+# all on CUDA.
 set -uo pipefail
 OUT=${1:?usage: device-peers.sh OUTDIR}
 mkdir -p "$OUT"
@@ -43,11 +51,34 @@ peer_run() {  # peer_run NAME NAMESPACE MODULE FILES...
     tee -a "$OUT/summary.log"
   ((rc == 0 || rc == 1)) || status=1
 }
+steps=${STEPS:-bench fms_smoke peft_smoke fms_gpu fms_gpu_v2 peft_gpu}
+gpu_files=${PEER_GPU_FILES:-cases/gpu/dequant_llama2_7b.toml cases/gpu/dequant_llama2_70b.toml cases/gpu/lora_w.toml cases/gpu/lora_w_70b.toml cases/gpu/lora_w_dropout.toml cases/gpu/qkv.toml cases/gpu/qkv_70b.toml cases/gpu/mlp_llama3_8b.toml cases/gpu/realistic_lora_w.toml}
 smoke_lora=$(ls cases/smoke/*.toml | grep -v '/dequant_')
 smoke_dequant=$(ls cases/smoke/dequant_*.toml)
-peer_run fms_smoke_dequant fms_acceleration gradscope.adapters.fms_acceleration $smoke_dequant
-peer_run fms_smoke_lora fms_acceleration gradscope.adapters.fms_acceleration $smoke_lora
-peer_run peft_smoke_lora peft gradscope.adapters.peft $smoke_lora
-peer_run fms_gpu fms_acceleration gradscope.adapters.fms_acceleration \
-  ${PEER_GPU_FILES:-cases/gpu/dequant_llama2_7b.toml cases/gpu/lora_w.toml cases/gpu/lora_w_dropout.toml cases/gpu/qkv.toml cases/gpu/realistic_lora_w.toml}
+fms="fms_acceleration gradscope.adapters.fms_acceleration"
+for step in $steps; do
+  case $step in
+  bench)
+    left=$((deadline - SECONDS))
+    start=$SECONDS
+    timeout -k 5 "$((left < 240 ? left : 240))" python3 -m gradscope.bench --impl gradscope \
+      --impl fms_acceleration --impl peft --import gradscope.adapters.fms_acceleration \
+      --import gradscope.adapters.peft --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+    echo "== bench: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/summary.log" ;;
+  fms_smoke)
+    peer_run fms_smoke_dequant $fms $smoke_dequant
+    peer_run fms_smoke_lora $fms $smoke_lora ;;
+  peft_smoke) peer_run peft_smoke_lora peft gradscope.adapters.peft $smoke_lora ;;
+  fms_gpu) peer_run fms_gpu $fms $gpu_files ;;
+  fms_gpu_v2)
+    mkdir -p /tmp/gpu_v2
+    for f in $gpu_files; do  # a top-level key, before the first table
+      awk 'NR == 1 { print "format = \"gptq_v2\"" } { print }' "$f" >"/tmp/gpu_v2/$(basename "$f")"
+    done
+    peer_run fms_gpu_v2 $fms $(for f in $gpu_files; do echo "/tmp/gpu_v2/$(basename "$f")"; done) ;;
+  peft_gpu)
+    peer_run peft_gpu peft gradscope.adapters.peft $(printf '%s\n' $gpu_files | grep -v '/dequant_') ;;
+  *) echo "unknown step $step"; status=1 ;;
+  esac
+done
 exit $status
