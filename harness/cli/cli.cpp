@@ -210,6 +210,7 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
     error.failure = sc.id + ": the case raised an error: " + e.what();
     result.checks.push_back(error);
   }
+  impl::after_case();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

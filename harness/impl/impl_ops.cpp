@@ -12,6 +12,11 @@
 namespace gradscope::impl {
 namespace {
 
+std::function<void()>& after_case_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
 std::string without_name(const c10::FunctionSchema& s) {
   std::string text = c10::toString(s);
   const auto paren = text.find('(');
@@ -67,6 +72,14 @@ c10::IValue mask_of(const LoraDropout& d) {
 }
 
 }  // namespace
+
+void set_after_case(std::function<void()> hook) {
+  after_case_hook() = std::move(hook);
+}
+
+void after_case() {
+  if (after_case_hook()) after_case_hook()();
+}
 
 const OpSchema& op_schema(const std::string& name) {
   for (const auto& op : kOpSchemas) {

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ void load_libraries(const std::vector<std::string>& paths);
 // (argument and return types in order; names and defaults are not compared): a missing
 // operator names itself and its schema, a different one shows both.
 void require_ops(const std::string& ns, const std::vector<std::string>& ops);
+
+// Runs after every case: lets an embedding interpreter drop what an implementation's failure
+// left behind. torch's autograd engine, when a Python backward node raises, puts the Python
+// exception back into the calling thread's error indicator before rethrowing it as C++; left
+// set, it is raised again by the next call into Python, as the next case's error. The Python
+// package installs a hook that clears it (python/src/gradscope_module.cpp).
+void set_after_case(std::function<void()> hook);
+void after_case();
 
 // A case the implementation declined (it lacks a feature: a dtype, a bit width, dropout):
 // reported as unsupported by that implementation, apart from failures.

@@ -6,7 +6,10 @@ Usage: python_package.py CASES_DIR   (with gradscope and plain_torch_impl on PYT
    on the output and on lora_A.grad and lora_B.grad; an unknown module exits 2.
 2. gradscope.check() returns the verdicts as objects, raises AssertionError naming each
    failing check and its replay line, and GradscopeInputError for what cannot be judged.
-3. Importing gradscope registers gradscope's own operators (torch.ops.gradscope.*).
+3. An operator whose Python backward raises fails its own case only: the next case calls the
+   operator again and is judged on its own (autograd's engine leaves the Python exception in
+   the thread's error indicator, which the package clears after each case).
+4. Importing gradscope registers gradscope's own operators (torch.ops.gradscope.*).
 """
 import os
 import subprocess
@@ -20,6 +23,32 @@ import gradscope
 def run_cli(*args):
     p = subprocess.run([sys.executable, "-m", "gradscope", *args], capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr
+
+
+class _RaisingBackward(torch.autograd.Function):
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x, lora_a):
+        return x @ lora_a.t().to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        raise RuntimeError(f"backward of call {_RaisingBackward.calls} raises")
+
+
+def _raising_lora_w(x, proj, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
+                    dropout_p=0.0):
+    if x.dtype != torch.float16:
+        raise NotImplementedError("fp16 only")
+    _RaisingBackward.calls += 1
+    y = _RaisingBackward.apply(x, proj[4])
+    return y.new_zeros(*x.shape[:-1], proj[5].shape[0]) + y.sum()
+
+
+_raising = torch.library.Library("raises_in_backward", "DEF")
+gradscope.define_ops(_raising, ["lora_w"])
+_raising.impl("lora_w", _raising_lora_w, "CompositeImplicitAutograd")
 
 
 def main(cases_dir):
@@ -68,10 +97,18 @@ def main(cases_dir):
     except gradscope.GradscopeInputError as e:
         assert "has no operator nobody::lora_w" in str(e), e
 
+    cases = gradscope.check(lora_w, impl="raises_in_backward", raise_on_failure=False)
+    fp16 = [c for c in cases if ".fp16." in c.id]
+    assert fp16 and _RaisingBackward.calls == len(fp16), (_RaisingBackward.calls, len(fp16))
+    for n, c in enumerate(fp16, 1):
+        assert c.status == "fail" and f"backward of call {n} raises" in c.checks[0].message, c
+    assert all(c.status == "unsupported" for c in cases if c not in fp16), cases
+
     assert hasattr(torch.ops.gradscope, "lora_w")
     assert gradscope.OP_SCHEMA_VERSION == 2
     assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")
-    print("python package: CLI, --import, check() and the operator registration as expected")
+    print("python package: CLI, --import, check(), a raising backward and the operator "
+          "registration as expected")
 
 
 if __name__ == "__main__":
