@@ -29,10 +29,12 @@
 #include "harness/common/file_system.h"
 #include "harness/common/host_memory.h"
 #include "harness/common/input_error.h"
+#include "harness/distributed/process_ranks.h"
 #include "harness/impl/impl_ops.h"
 #include "harness/spec/case_runner.h"
 #include "harness/spec/case_spec.h"
 #include "harness/verdict/regression_gate.h"
+#include "reports/case_wire.h"
 #include "reports/console_report.h"
 #include "reports/dump_tools.h"
 #include "reports/hdf5_dump.h"
@@ -185,6 +187,8 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
         break;
       }
     }
+  } catch (const RankFailure&) {
+    throw;  // not this case's verdict: the launch is broken, and the run stops
   } catch (const InputError& e) {
     result.input_error = sc.id + ": " + e.what();
   } catch (const impl::Unsupported& e) {
@@ -292,6 +296,7 @@ struct RunOutputs {
   impl::Selection impl;  // --impl, --ops-library
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
+  int dist_timeout = 300;  // seconds: under torchrun, the longest wait for another rank
 };
 
 void check_run_outputs(const RunOutputs& o, const Selection& sel) {
@@ -320,8 +325,46 @@ void check_run_outputs(const RunOutputs& o, const Selection& sel) {
 
 // Runs the selected cases, prints each and the summary, writes the reports. `max_seconds`
 // > 0 stops before a case once the run has taken that long.
-report::RunReport run_selected(const std::vector<SelectedCase>& selected, const RunOutputs& o,
-                               const std::string& program, double max_seconds = 0) {
+// Under torchrun (`ranks`): fsdp cases whose world_size is the launch's run on every rank
+// together, the others are skipped and listed; every other case runs on one rank, in turn;
+// rank 0 gathers the results, prints them and writes the reports (the other ranks return an
+// empty report). docs/distributed.md.
+report::RunReport run_selected(std::vector<SelectedCase> selected, const RunOutputs& o,
+                               const std::string& program, double max_seconds = 0,
+                               ProcessRanks* ranks = nullptr) {
+  std::vector<int> owner(selected.size(), -1);  // the rank that runs case i; -1: every rank
+  if (ranks) {
+    std::vector<SelectedCase> kept;
+    std::string skipped;
+    int64_t skipped_count = 0;
+    for (auto& sc : selected) {
+      const int64_t needed = find_runner(sc.spec.kind)->processes_needed(sc.spec);
+      if (needed > 0 && needed != ranks->world_size()) {
+        skipped += "\n  " + sc.id + " (world_size " + std::to_string(needed) + ")";
+        ++skipped_count;
+      } else {
+        kept.push_back(std::move(sc));
+      }
+    }
+    if (kept.empty()) {
+      throw InputError("no selected case runs with WORLD_SIZE=" +
+                       std::to_string(ranks->world_size()) + ": " + std::to_string(skipped_count) +
+                       " fsdp cases need as many processes as their world_size" + skipped);
+    }
+    if (ranks->rank() == 0 && skipped_count > 0) {
+      std::cout << "skipped " << skipped_count << " fsdp cases whose world_size is not "
+                << ranks->world_size() << " (WORLD_SIZE):" << skipped << "\n";
+    }
+    selected = std::move(kept);
+    owner.assign(selected.size(), -1);
+    int next = 0;
+    for (size_t i = 0; i < selected.size(); ++i) {
+      if (find_runner(selected[i].spec.kind)->processes_needed(selected[i].spec) == 0) {
+        owner[i] = next++ % ranks->world_size();
+      }
+    }
+  }
+  const bool reports_here = !ranks || ranks->rank() == 0;
   const FaultInfo* fault = o.inject.empty() ? nullptr : find_fault(o.inject);
   bool any_cuda = false;
   for (const auto& sc : selected) any_cuda = any_cuda || sc.spec.get_string("device") == "cuda";
@@ -357,6 +400,7 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   options.keep_tensors = !o.dump.empty();
   options.impl = o.impl.ns;
   options.ops_libraries = o.impl.libraries;
+  options.ranks = ranks;
   // The dump is written case by case, each case's tensors dropped once they are in the file.
   std::optional<report::DumpWriter> dump;
   if (!o.dump.empty())
@@ -364,9 +408,13 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   // The production code runs as the faulty variant for this run only.
   std::optional<ScopedFault> injected;
   if (fault) injected.emplace(fault->fault);
-  if (fault) std::cout << "injected fault: " << fault->name << " (" << fault->breaks << ")\n";
+  if (fault && reports_here) {
+    std::cout << "injected fault: " << fault->name << " (" << fault->breaks << ")\n";
+  }
   // A progress line on long runs, only where a person watches (stderr is a terminal).
-  const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
+  const bool progress = !o.quiet && !ranks && ::isatty(STDERR_FILENO);
+  // Under torchrun the cases print once rank 0 has them all, in order.
+  std::vector<std::optional<report::CaseResult>> results(selected.size());
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -377,9 +425,17 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
                 << selected.size() << " cases\n";
       break;
     }
+    if (ranks && owner[i] >= 0 && owner[i] != ranks->rank()) continue;
     if (progress) {
       std::fprintf(stderr, "\r[%zu/%zu] %.0fs %s\x1b[K", i + 1, selected.size(), elapsed(),
                    selected[i].id.c_str());
+    }
+    options.case_key = "case" + std::to_string(i);
+    if (ranks) {
+      auto done = run_case(selected[i], program, options);
+      if (reports_here || owner[i] >= 0) results[i] = std::move(done);
+      if (o.fail_fast && results[i] && !results[i]->passed()) break;
+      continue;
     }
     report.cases.push_back(run_case(selected[i], program, options));
     if (dump) {
@@ -397,6 +453,31 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
       break;
     }
   }
+  if (ranks) {
+    // Each rank's cases to rank 0, in the order they ran (rank 0 knows which they were).
+    std::vector<report::CaseResult> mine;
+    for (size_t i = 0; i < selected.size(); ++i) {
+      if (results[i] && owner[i] == ranks->rank() && ranks->rank() != 0) {
+        mine.push_back(std::move(*results[i]));
+      }
+    }
+    ranks->publish("results", report::cases_to_wire(mine));
+    if (!reports_here) return report;
+    const auto wires = ranks->collect("results");
+    for (int r = 1; r < ranks->world_size(); ++r) {
+      auto theirs = report::cases_from_wire(wires[r]);
+      size_t next = 0;
+      for (size_t i = 0; i < selected.size() && next < theirs.size(); ++i) {
+        if (owner[i] == r) results[i] = std::move(theirs[next++]);
+      }
+    }
+    for (auto& r : results) {
+      if (!r) continue;  // not run: --fail-fast on its rank
+      report.cases.push_back(std::move(*r));
+      report::print_case(std::cout, report.cases.back(), console);
+    }
+    std::cout << "ran on " << ranks->world_size() << " processes (torchrun)\n";
+  }
   report::print_summary(std::cout, report);
   if (!o.json.empty()) {
     report::write_output_file(o.json, report::to_json(report).dump(2) + "\n");
@@ -407,13 +488,53 @@ report::RunReport run_selected(const std::vector<SelectedCase>& selected, const 
   return report;
 }
 
-int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
-  check_run_outputs(o, sel);
-  const auto report = run_selected(select_cases(sel), o, program);
+// The run's exit code from its report.
+int exit_code(const report::RunReport& report, const RunOutputs& o) {
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
   if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
+}
+
+int command_run(const Selection& sel, const RunOutputs& o, const std::string& program) {
+  check_run_outputs(o, sel);
+  const auto launch = process_launch_from_environment();
+  if (!launch) return exit_code(run_selected(select_cases(sel), o, program), o);
+  if (launch->world_size > 1 && !o.dump.empty()) {
+    throw InputError("--dump " + o.dump + ": a run spread over " +
+                     std::to_string(launch->world_size) +
+                     " processes writes no dump (the tensors would travel through the ranks' "
+                     "store); dump from one process");
+  }
+  if (o.fail_fast) {
+    throw InputError(
+        "--fail-fast: not under torchrun (each rank runs other cases, and a rank "
+        "that stops would leave the others waiting in the fsdp cases)");
+  }
+  auto cases = select_cases(sel);
+  ProcessRanks ranks(*launch, std::chrono::seconds(o.dist_timeout));
+  // Every rank leaves with rank 0's exit code, and rank 0 only once each has read it: rank 0
+  // may be the store's server.
+  try {
+    const auto report = run_selected(std::move(cases), o, program, 0, &ranks);
+    if (ranks.rank() != 0) {
+      const int code = std::stoi(ranks.collect("exit_code", {0})[0]);
+      ranks.publish("exit_read", "");
+      return code;
+    }
+    const int code = exit_code(report, o);
+    ranks.publish("exit_code", std::to_string(code));
+    std::vector<int> others;
+    for (int r = 1; r < ranks.world_size(); ++r) others.push_back(r);
+    ranks.collect("exit_read", others);
+    return code;
+  } catch (const RankFailure& e) {
+    ranks.fail(e.what());
+    throw;
+  } catch (const std::exception& e) {
+    ranks.fail(std::string("rank ") + std::to_string(ranks.rank()) + ": " + e.what());
+    throw;
+  }
 }
 
 struct SampleCommand {
@@ -426,6 +547,11 @@ struct SampleCommand {
 // kernels. A failing check there is a false alarm (exit 1). Cases the formats cannot hold are
 // counted as invalid: legitimate outcomes of a draw, listed for review, not false alarms.
 int command_sample(const SampleCommand& cmd, const RunOutputs& o, const std::string& program) {
+  if (process_launch_from_environment()) {
+    throw InputError(
+        "sample: runs in one process; under torchrun, spread its cases with "
+        "`sample --cases-out DIR` first, then `run DIR/*.toml`");
+  }
   check_outputs({{"--json", o.json}, {"--junit", o.junit}, {"--cases-out", cmd.cases_out}}, {});
   if (!cmd.cases_out.empty() && files::exists(cmd.cases_out)) {
     throw InputError("--cases-out " + cmd.cases_out + ": exists; give a new folder");
@@ -579,6 +705,9 @@ int run_cli(int argc, const char* const* argv) {
   run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
   run->add_flag("--fail-fast", outputs.fail_fast,
                 "stop at the first failing case (exit 1; the reports hold the cases run)");
+  run->add_option("--dist-timeout", outputs.dist_timeout,
+                  "under torchrun: seconds a rank waits for another (default 300)")
+      ->check(CLI::Range(1, 86400));
   run->add_option("--inject", outputs.inject,
                   "run the production code as the named faulty variant (see gradscope faults)")
       ->check(kNonEmpty);

@@ -1,7 +1,8 @@
 // kind = "fsdp": a LoRA MLP (gate, up, down QuantLinear modules) sharded over c10d the way
 // FSDP shards it (FSDP1 flat parameters or FSDP2 per-parameter dim-0 shards), world_size
-// ranks as threads in this process, each with its own process group over one in-memory
-// store: ProcessGroupGloo on the CPU, ProcessGroupNCCL with one GPU per rank on CUDA. Each rank
+// ranks: one process each under torchrun, else threads of this process, each with its own
+// process group: ProcessGroupGloo on the CPU, ProcessGroupNCCL with one GPU per rank on CUDA
+// (docs/distributed.md). Each rank
 // all-gathers, runs forward and backward on its slice of the tokens, reduce-scatters the adapter
 // gradients and releases the full parameters. Checks: the gathered packed words bit for bit on
 // every rank; the summed adapter gradients against the unsharded run and the fp64 reference (ratio
@@ -21,10 +22,12 @@
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
 #include "harness/common/tensor_bridge.h"
+#include "harness/distributed/process_ranks.h"
 #include "harness/distributed/thread_ranks.h"
 #include "harness/runners/lora_testbed.h"
 #include "harness/runners/runner_factories.h"
 #include "harness/verdict/compare.h"
+#include "reports/case_wire.h"
 
 namespace gradscope {
 namespace {
@@ -120,6 +123,8 @@ class FsdpRunner final : public CaseRunner {
            s.get_string("sharding") + "." + f.storage + tb::Config(s).id_suffix();
   }
 
+  int64_t processes_needed(const CaseSpec& s) const override { return s.get_int("world_size"); }
+
   // The MLP's reference, as in kind mlp.
   double host_bytes_at_least(const CaseSpec& s) const override {
     const int64_t hidden = s.get_int("hidden"), inter = s.get_int("intermediate");
@@ -194,29 +199,22 @@ class FsdpRunner final : public CaseRunner {
         noise.mlp(tape, x.ref, dy.ref, p[0].ref, p[1].ref, p[2].ref, none, none, yr, ref);
 
 #ifdef GRADSCOPE_WITH_CUDA
-    if (c.device.is_cuda() && c10::cuda::device_count() < f.world_size) {
-      throw InputError(id + ": world_size " + std::to_string(f.world_size) +
-                       " needs one GPU per rank (NCCL); this machine has " +
-                       std::to_string(c10::cuda::device_count()));
+    // One GPU per rank: GPU r for thread r, GPU LOCAL_RANK for a process.
+    const int64_t gpus_needed = options.ranks ? options.ranks->local_rank() + 1 : f.world_size;
+    if (c.device.is_cuda() && c10::cuda::device_count() < gpus_needed) {
+      throw InputError(
+          id + ": world_size " + std::to_string(f.world_size) + " needs one GPU per rank (NCCL)" +
+          (options.ranks ? ", GPU LOCAL_RANK = " + std::to_string(options.ranks->local_rank())
+                         : std::string()) +
+          "; this machine has " + std::to_string(c10::cuda::device_count()));
     }
 #endif
     const HostCase host(p, x2, dy.prod.reshape({-1, hidden}));
     tb::Measure sharded_time(c);
-    std::vector<RankResult> ranks(f.world_size);
-    const std::string scratch = files::make_temp_dir("gradscope-fsdp");
-    const auto errors =
-        run_thread_ranks(static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
-                         [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
-                           run_rank(c, f, id, host, backend, r, scratch, ranks[r]);
-                         });
-    files::remove_tree(scratch);
+    auto ranks =
+        options.ranks ? run_as_process(c, f, id, host, options) : run_as_threads(c, f, id, host);
     sharded_time.finish("sharded", result.metrics);
-    // Every rank's error: the first rank's may only be a timeout waiting for another's.
-    std::string failed;
-    for (int64_t r = 0; r < f.world_size; ++r) {
-      if (!errors[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + errors[r];
-    }
-    if (!failed.empty()) throw std::runtime_error("fsdp ranks failed:" + failed);
+    if (ranks.empty()) return result;  // a process other than rank 0: rank 0 reports the case
     for (int64_t r = 0; r < f.world_size; ++r) {
       for (auto& check : ranks[r].checks) result.checks.push_back(std::move(check));
     }
@@ -258,12 +256,73 @@ class FsdpRunner final : public CaseRunner {
   }
 
  private:
+  // Every rank's part in threads of this process, rank r on GPU r.
+  static std::vector<RankResult> run_as_threads(const tb::Config& c, const FsdpConfig& f,
+                                                const std::string& id, const HostCase& host) {
+    std::vector<RankResult> ranks(f.world_size);
+    const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+    const auto errors =
+        run_thread_ranks(static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
+                         [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                           run_rank(c, f, id, host, backend, r, device_of(c, r), scratch, ranks[r]);
+                         });
+    files::remove_tree(scratch);
+    // Every rank's error: the first rank's may only be a timeout waiting for another's.
+    std::string failed;
+    for (int64_t r = 0; r < f.world_size; ++r) {
+      if (!errors[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + errors[r];
+    }
+    if (!failed.empty()) throw std::runtime_error("fsdp ranks failed:" + failed);
+    return ranks;
+  }
+
+  // This process's rank under torchrun (on GPU LOCAL_RANK): every rank's checks travel to
+  // rank 0, which returns them all; the other ranks return none. A rank that fails here
+  // fails the run (the group's state is unknown): RankFailure, after telling the others.
+  static std::vector<RankResult> run_as_process(const tb::Config& c, const FsdpConfig& f,
+                                                const std::string& id, const HostCase& host,
+                                                const RunOptions& options) {
+    auto& ranks = *options.ranks;
+    RankResult mine;
+    const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+    try {
+      const auto backend = ranks.new_group(c.device.type(), options.case_key);
+      run_rank(c, f, id, host, backend, ranks.rank(), device_of(c, ranks.local_rank()), scratch,
+               mine);
+#ifdef GRADSCOPE_WITH_CUDA
+      // Nothing of this rank's in flight when its group goes (see run_thread_ranks).
+      if (c.device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+    } catch (const RankFailure&) {
+      files::remove_tree(scratch);
+      throw;
+    } catch (const std::exception& e) {
+      files::remove_tree(scratch);
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string message = id + " failed on rank " + std::to_string(ranks.rank()) + ": " +
+                                  (c10_error ? c10_error->what_without_backtrace() : e.what());
+      ranks.fail(message);
+      throw RankFailure(message);
+    }
+    files::remove_tree(scratch);
+    ranks.publish(options.case_key + "/checks", report::checks_to_wire(mine.checks));
+    if (ranks.rank() != 0) return {};
+    const auto wires = ranks.collect(options.case_key + "/checks");
+    std::vector<RankResult> all(f.world_size);
+    for (int64_t r = 1; r < f.world_size; ++r) all[r].checks = report::checks_from_wire(wires[r]);
+    all[0] = std::move(mine);
+    return all;
+  }
+
+  static at::Device device_of(const tb::Config& c, int64_t gpu) {
+    return c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(gpu))
+                              : at::Device(at::kCPU);
+  }
+
   static void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id,
                        const HostCase& host, const c10::intrusive_ptr<c10d::Backend>& backend,
-                       int64_t r, const std::string& scratch, RankResult& out) {
-    // On CUDA, rank r owns GPU r (run_thread_ranks made it current).
-    const at::Device device =
-        c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(r)) : at::Device(at::kCPU);
+                       int64_t r, const at::Device device, const std::string& scratch,
+                       RankResult& out) {
     const std::string where = id + "/rank" + std::to_string(r) + "/";
 
     QuantLinearOptions qo;

@@ -11,11 +11,17 @@
 
 namespace gradscope {
 
+class ProcessRanks;
+
 struct RunOptions {
   bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
   // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
   std::string impl = "gradscope";
   std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
+  // Under torchrun: this process's rank among the launched processes; a collective case (kind
+  // fsdp) runs its part of the case here, and its group's keys begin with case_key.
+  ProcessRanks* ranks = nullptr;
+  std::string case_key;
 };
 
 struct RunOutput {
@@ -42,6 +48,9 @@ class CaseRunner {
   // weights and activations): a case whose bound exceeds the machine's memory is refused
   // before anything is allocated. 0: no bound known.
   virtual double host_bytes_at_least(const CaseSpec&) const { return 0; }
+  // Under torchrun, the processes that run the case together (kind fsdp: its world_size, one
+  // rank each); 0: the case runs in any one process, and a suite spreads such cases over them.
+  virtual int64_t processes_needed(const CaseSpec&) const { return 0; }
   // Runs prod and the reference and returns every check, paths prefixed by `id`.
   virtual RunOutput run(const CaseSpec& spec, const std::string& id,
                         const RunOptions& options) const = 0;
