@@ -526,7 +526,7 @@ int command_run(const Selection& sel, const RunOutputs& o, const std::string& pr
     ranks.publish("exit_code", std::to_string(code));
     std::vector<int> others;
     for (int r = 1; r < ranks.world_size(); ++r) others.push_back(r);
-    ranks.collect("exit_read", others);
+    if (!others.empty()) ranks.collect("exit_read", others);
     return code;
   } catch (const RankFailure& e) {
     ranks.fail(e.what());
