@@ -101,7 +101,7 @@ class FsdpRunner final : public CaseRunner {
         FieldSpec("intermediate", FieldType::kInt, int64_t{512}, "MLP intermediate size")
             .in_range(1, 1 << 17),
         FieldSpec("world_size", FieldType::kInt, int64_t{2},
-                  "ranks (one thread each; Gloo on the CPU, NCCL on CUDA)")
+                  "ranks (threads, or processes under torchrun; Gloo on the CPU, NCCL on CUDA)")
             .in_range(1, 64),
         FieldSpec("sharding", FieldType::kString, s("flat"),
                   "flat: FSDP1 flat parameters per dtype; per_param: FSDP2 dim-0 shards")
