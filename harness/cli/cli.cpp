@@ -376,6 +376,8 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const RunOutp
   }
   // Repeatable CUDA runs: the same case twice gives the same JSON checks and dumps.
   if (any_cuda) make_cuda_deterministic();
+  // Spread over processes, each runs its cases on its own GPU.
+  if (any_cuda && ranks) use_gpu_of_local_rank(ranks->local_rank());
   // The implementation under test: its libraries loaded, every operator the selected kinds
   // call present with the contract's schema, before any case runs.
   impl::load_libraries(o.impl.libraries);

@@ -4,11 +4,14 @@
 
 #include <torch/version.h>
 #include <cstdlib>
+#include <string>
 
 #include "gradscope/dequant.h"
+#include "harness/common/input_error.h"
 
 #ifdef GRADSCOPE_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -37,6 +40,21 @@ report::Environment probe_environment(const std::string& device) {
   }
 #endif
   return env;
+}
+
+void use_gpu_of_local_rank(int local_rank) {
+#ifdef GRADSCOPE_WITH_CUDA
+  const int count = c10::cuda::device_count();
+  if (local_rank >= count) {
+    throw InputError("LOCAL_RANK=" + std::to_string(local_rank) + ": this machine has " +
+                     std::to_string(count) +
+                     " GPU(s), one per process is needed (--nproc-per-node at most " +
+                     std::to_string(count) + ")");
+  }
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+#else
+  (void)local_rank;
+#endif
 }
 
 void make_cuda_deterministic() {

@@ -12,5 +12,8 @@ report::Environment probe_environment(const std::string& device);
 // set it; cuBLAS reads it when its first handle is made) and ATen's deterministic
 // algorithms (warning, not failing, where an op has none). Call before any CUDA work.
 void make_cuda_deterministic();
+// Under torchrun, one GPU per process: GPU `local_rank` becomes the current device, on which
+// the process's cases run. Throws InputError when the machine has fewer GPUs.
+void use_gpu_of_local_rank(int local_rank);
 
 }  // namespace gradscope
