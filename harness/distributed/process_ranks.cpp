@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -83,6 +84,42 @@ ProcessRanks::ProcessRanks(const ProcessLaunch& launch, std::chrono::seconds tim
                       launch.master_addr + ":" + std::to_string(launch.master_port) + ": " +
                       what_of(e));
   }
+  watchdog_ = std::thread([this] { watchdog(); });
+}
+
+ProcessRanks::~ProcessRanks() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void ProcessRanks::watchdog() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (deadline_ && std::chrono::steady_clock::now() > *deadline_) {
+      std::fprintf(stderr,
+                   "gradscope: error: rank %d: %s did not end within --dist-timeout %lld s (and "
+                   "a grace of 10 s): another rank died or stalled; exiting\n",
+                   rank(), watched_.c_str(), static_cast<long long>(timeout_.count()));
+      std::fflush(stderr);
+      std::_Exit(2);  // the stuck thread cannot be unwound
+    }
+    wake_.wait_for(lock, std::chrono::milliseconds(500));
+  }
+}
+
+ProcessRanks::Watch::Watch(ProcessRanks& ranks, std::string what) : ranks_(ranks) {
+  const std::lock_guard<std::mutex> lock(ranks_.mutex_);
+  ranks_.watched_ = std::move(what);
+  ranks_.deadline_ = std::chrono::steady_clock::now() + ranks_.timeout_ + std::chrono::seconds(10);
+}
+
+ProcessRanks::Watch::~Watch() {
+  const std::lock_guard<std::mutex> lock(ranks_.mutex_);
+  ranks_.deadline_.reset();
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessRanks::new_group(c10::DeviceType device_type,
@@ -117,7 +154,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessRanks::new_group(c10::DeviceType device
       missing = "unknown (the store is gone)";
     }
     throw RankFailure("rank " + std::to_string(rank()) + ": the process group for " + name +
-                      " did not form within " + std::to_string(timeout_.count()) + " s: " +
+                      " could not form (timeout " + std::to_string(timeout_.count()) + " s): " +
                       (missing.empty()
                            ? "every rank began to join, and one died or stalled while joining"
                            : "rank(s) " + missing + " never came (died, or still busy)") +

@@ -8,11 +8,15 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gradscope {
@@ -43,6 +47,9 @@ class ProcessRanks {
   // Connects to (rank 0 without an agent: serves) the store; `timeout` bounds every wait for
   // another rank and every collective.
   ProcessRanks(const ProcessLaunch& launch, std::chrono::seconds timeout);
+  ~ProcessRanks();
+  ProcessRanks(const ProcessRanks&) = delete;
+  ProcessRanks& operator=(const ProcessRanks&) = delete;
 
   int rank() const { return launch_.rank; }
   int world_size() const { return launch_.world_size; }
@@ -62,11 +69,34 @@ class ProcessRanks {
   // Tells the other ranks that this one failed (they stop waiting for it).
   void fail(const std::string& message);
 
+  // While a Watch lives, this process ends (exit code 2, after a message naming `what`) if it
+  // outlasts the timeout by more than a grace period: c10d's own timeouts do not cover every
+  // wait (Gloo waiting to connect to a peer that published its address and died blocks past
+  // them), and a rank stuck there would never leave.
+  class Watch {
+   public:
+    Watch(ProcessRanks& ranks, std::string what);
+    ~Watch();
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+   private:
+    ProcessRanks& ranks_;
+  };
+
  private:
   std::string key_of(const std::string& key, int rank) const;
+  void watchdog();
   ProcessLaunch launch_;
   std::chrono::seconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
+  // The watched operation (guarded by mutex_): what it is and when it must have ended.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::string watched_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace gradscope

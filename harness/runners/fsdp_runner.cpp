@@ -286,6 +286,8 @@ class FsdpRunner final : public CaseRunner {
     RankResult mine;
     const std::string scratch = files::make_temp_dir("gradscope-fsdp");
     try {
+      // The group forming and every collective of this rank's part, bounded as a whole.
+      const ProcessRanks::Watch watch(ranks, id + "'s process group and collectives");
       const auto backend = ranks.new_group(c.device.type(), options.case_key);
       run_rank(c, f, id, host, backend, ranks.rank(), device_of(c, ranks.local_rank()), scratch,
                mine);
