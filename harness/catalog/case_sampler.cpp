@@ -215,6 +215,12 @@ SampleDraw draw_cases(const SampleOptions& o) {
       if (kind == "training") training_case(d, t);
       if (kind == "fsdp") fsdp_case(d, t);
       positions(d, t, kind, t.str());
+      // Exact zeros in the activations, from a stream of their own: the draws above stay what
+      // they were for every seed.
+      if (kind == "lora_w" || kind == "qkv" || kind == "mlp" || kind == "layer") {
+        Dice z(o.seed, "sample." + std::to_string(i) + "." + std::to_string(attempt) + ".x_zeros");
+        if (z.chance(0.15)) t.set("x_zeros", z.chance(0.5) ? 0.1 : 0.5);
+      }
       const std::string text = t.str();
       try {
         auto specs = parse_case_text(text, "<sample " + std::to_string(i) + ">");

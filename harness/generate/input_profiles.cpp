@@ -24,6 +24,10 @@ std::vector<FieldSpec> profile_fields() {
       FieldSpec("loss_scale", FieldType::kFloat, 1.0,
                 "factor on every output gradient (AMP's GradScaler scale)")
           .in_range(1e-6, 16777216.0),
+      FieldSpec("x_zeros", FieldType::kFloat, 0.0,
+                "share of activation elements drawn as exactly 0 (ReLU-like gates, padding, "
+                "underflow): a kernel that infers a mask from zeros fails there")
+          .in_range(0.0, 0.9),
   };
 }
 
@@ -31,13 +35,15 @@ ProfileSpec::ProfileSpec(const CaseSpec& s)
     : profile(s.get_string("profile") == "realistic" ? InputProfile::kRealistic
                                                      : InputProfile::kUnit),
       x_scale(s.get_float("x_scale")),
-      loss_scale(s.get_float("loss_scale")) {}
+      loss_scale(s.get_float("loss_scale")),
+      x_zeros(s.get_float("x_zeros")) {}
 
 std::string ProfileSpec::id_part() const {
   std::ostringstream id;
   if (profile == InputProfile::kRealistic) id << ".realistic";
   if (x_scale != 1.0) id << ".x" << x_scale;
   if (loss_scale != 1.0) id << ".ls" << loss_scale;
+  if (x_zeros != 0.0) id << ".z" << x_zeros;
   return id.str();
 }
 
@@ -61,6 +67,9 @@ at::Tensor draw_activations(uint64_t seed, const std::string& name, const Profil
     }
   }
   if (p.x_scale != 1.0) x.mul_(p.x_scale);
+  if (p.x_zeros > 0) {
+    x.masked_fill_(uniform_tensor(seed, name + ".zeros", {tokens, features}) < p.x_zeros, 0.0);
+  }
   return x;
 }
 

@@ -21,13 +21,14 @@ struct ProfileSpec {
   InputProfile profile;
   double x_scale;     // multiplies every activation the case draws
   double loss_scale;  // multiplies every output gradient (AMP's GradScaler factor)
+  double x_zeros;     // share of activation elements set to exactly 0
 
   explicit ProfileSpec(const CaseSpec& spec);
-  // ".realistic", ".x16", ".ls65536" where they differ from the defaults.
+  // ".realistic", ".x16", ".ls65536", ".z0.25" where they differ from the defaults.
   std::string id_part() const;
 };
 
-// profile, x_scale, loss_scale.
+// profile, x_scale, loss_scale, x_zeros.
 std::vector<FieldSpec> profile_fields();
 
 // Activations [tokens, features] (rows = tokens) in fp64 from stream `name`.
@@ -35,6 +36,8 @@ std::vector<FieldSpec> profile_fields();
 //   realistic: channel c has scale exp(z_c / 2); max(1, features / 256) outlier channels carry
 //              x = sign_c m_c (1 + z / 10) with m_c log-uniform in [100, 1000] and a sign fixed
 //              over the tokens; everything times x_scale.
+//   either:    with x_zeros > 0, each element is exactly 0 with that probability (stream
+//              `name`.zeros), as after a ReLU-like gate, on padding or on underflow.
 at::Tensor draw_activations(uint64_t seed, const std::string& name, const ProfileSpec& p,
                             int64_t tokens, int64_t features);
 
