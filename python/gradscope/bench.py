@@ -54,6 +54,16 @@ def _shape(text):
     return k, n
 
 
+def _positive(text):
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="python -m gradscope.bench",
                                 description="times implementations under test side by side")
@@ -68,11 +78,11 @@ def _parser():
     p.add_argument("--bits", nargs="+", type=int, choices=[2, 3, 4, 8], default=[2, 3, 4, 8])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS),
                    default=["llama2-7b", "llama2-70b"])
-    p.add_argument("--tokens", nargs="+", type=int, default=[2048, 8192])
-    p.add_argument("--rank", nargs="+", type=int, default=[16])
+    p.add_argument("--tokens", nargs="+", type=_positive, default=[2048, 8192])
+    p.add_argument("--rank", nargs="+", type=_positive, default=[16])
     p.add_argument("--ops", nargs="+", choices=["lora_w", "lora_qkv", "lora_mlp"],
                    default=["lora_w", "lora_qkv", "lora_mlp"])
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--repeats", type=_positive, default=20)
     p.add_argument("--json", help="write every row to FILE")
     return p
 
