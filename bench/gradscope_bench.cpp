@@ -158,8 +158,8 @@ void bench_dequant(bool quick, int repeats, const DequantFilter& only,
   std::vector<int> bits = {2, 3, 4, 8};
   if (quick) shapes = {{8192, 28672}}, bits = {3, 4};
   if (!only.bits.empty()) bits = only.bits;
-  std::printf("%-13s %4s %4s %5s %10s %9s %7s %10s %9s\n", "dequant K x N", "bits", "act", "out",
-              "prod ms", "TB/s", "% peak", "ATen ms", "speed-up");
+  std::printf("%-13s %4s %4s %5s %10s %9s %7s %10s %9s %9s %9s\n", "dequant K x N", "bits", "act",
+              "out", "prod ms", "TB/s", "% peak", "ATen ms", "speed-up", "memset ms", "of memset");
   for (const auto& [K, N] : shapes) {
     for (int b : bits) {
       for (bool act : {false, true}) {
@@ -170,12 +170,21 @@ void bench_dequant(bool quick, int repeats, const DequantFilter& only,
           const auto prod = measure([&] { dequantize_gptq(w, out); }, 3, repeats);
           const auto aten =
               measure([&] { baseline::dequantize(w, out); }, 2, std::max(3, repeats / 3));
+          // The bound the output alone sets: cudaMemsetAsync of the output's bytes (writing
+          // them is 70-90% of the kernel's traffic), the fastest write the device does.
+          auto sink = at::empty({K, N}, at::TensorOptions().device(at::kCUDA).dtype(out));
+          const auto fill = measure(
+              [&] {
+                C10_CUDA_CHECK(cudaMemsetAsync(sink.data_ptr(), 0, sink.nbytes(),
+                                               at::cuda::getCurrentCUDAStream()));
+              },
+              3, repeats);
           const double tbs = layer_bytes(w, out) / prod.ms / 1e9;
           const char* dtype = out == at::kHalf ? "fp16" : "bf16";
-          std::printf("%5lldx%-7lld %4d %4s %5s %10.4f %9.2f %6.0f%% %10.3f %8.1fx\n",
+          std::printf("%5lldx%-7lld %4d %4s %5s %10.4f %9.2f %6.0f%% %10.3f %8.1fx %9.4f %8.0f%%\n",
                       static_cast<long long>(K), static_cast<long long>(N), b, act ? "on" : "off",
                       dtype, prod.ms, tbs, 100 * tbs * 1e12 / kPeakBandwidth, aten.ms,
-                      aten.ms / prod.ms);
+                      aten.ms / prod.ms, fill.ms, 100 * fill.ms / prod.ms);
           rows.push_back({{"bench", "dequant"},
                           {"K", K},
                           {"N", N},
@@ -188,7 +197,10 @@ void bench_dequant(bool quick, int repeats, const DequantFilter& only,
                           {"bytes", layer_bytes(w, out)},
                           {"prod_tb_per_s", tbs},
                           {"fraction_of_peak", tbs * 1e12 / kPeakBandwidth},
-                          {"speedup_vs_aten", aten.ms / prod.ms}});
+                          {"speedup_vs_aten", aten.ms / prod.ms},
+                          {"memset_ms", fill.ms},
+                          {"memset_tb_per_s", static_cast<double>(sink.nbytes()) / fill.ms / 1e9},
+                          {"fraction_of_memset", fill.ms / prod.ms}});
         }
       }
     }

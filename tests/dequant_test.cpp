@@ -130,7 +130,7 @@ at::Tensor misaligned_copy(const at::Tensor& t, at::Device device) {
 }
 
 // The CUDA kernel against the CPU loop, bit for bit: both round scale * (code - zero),
-// computed in fp32, once. Shapes leave a partial 32-row block and a partial column block;
+// computed in fp32, once. Shapes leave a partial row block and a partial column block;
 // qweight and scales are also tried one element into a buffer (the kernel's vector loads
 // need them aligned); every dequant fault must corrupt the CUDA output as it does the CPU's.
 TEST(DequantCuda, MatchesTheCpuBitForBit) {
@@ -143,8 +143,11 @@ TEST(DequantCuda, MatchesTheCpuBitForBit) {
   at::manual_seed(31);
   int configurations = 0;
   for (int bits : {2, 3, 4, 8}) {
-    // K: a multiple of the packing unit that leaves a partial 32-row block where it can.
-    const int64_t K = bits == 3 ? 96 : 112, N = 544;
+    // K: a multiple of the packing unit that leaves a partial block of rows where it can
+    // (16-row blocks; 32 at 3 bits). N: 8-bit layers may have N % 8 == 4, which leaves the
+    // last thread of a row four columns and makes rows 8-byte aligned only.
+    const int64_t K = bits == 2 ? 112 : bits == 3 ? 96 : bits == 4 ? 104 : 108;
+    const int64_t N = bits == 8 ? 548 : 544;
     for (int group : {32, 128, -1}) {
       for (bool act_order : {false, true}) {
         for (auto format : {ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2}) {

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "error_text.h"
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
@@ -148,6 +151,68 @@ TEST(BaselineDequant, AgreesWithProdForEveryWidthAndConvention) {
       EXPECT_TRUE(baseline::dequantize(w, at::kHalf).equal(dequantize_gptq(w, at::kHalf)))
           << bits << " bits " << to_string(format);
     }
+  }
+}
+
+// On CUDA, fp32 adapters beside fp16/bf16 activations run through the adapter-path kernels
+// (kernels/src/lora_adapter_cuda.cu); everywhere else through ATen. Both compute the adapter
+// path in fp32, so on the same inputs they agree to a few units in the last place of the
+// output dtype (y, dX: the kernels round y + term once, the ATen path the term first) and to
+// fp32 summation order in dA and dB. Shapes cross the kernels' blocks: tokens not a multiple of
+// 64, 128 or 256, features past one 1024-feature chunk, ranks padded to 8, 16, 32 and 64, with
+// and without dropout.
+TEST(LoraOpsCuda, AdapterKernelsMatchTheAtenPath) {
+  if (!at::hasCUDA()) {
+    if (std::getenv("GRADSCOPE_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA GPU";
+    GTEST_SKIP() << "needs a CUDA GPU";
+  }
+  struct Config {
+    int64_t in, out, rank, tokens;
+    at::ScalarType dtype;
+    double p;
+  };
+  at::manual_seed(7);
+  for (const auto& c :
+       {Config{1056, 520, 7, 300, at::kHalf, 0.0}, Config{64, 2056, 33, 1, at::kBFloat16, 0.1},
+        Config{2048, 1024, 64, 515, at::kHalf, 0.1}, Config{256, 136, 16, 2100, at::kBFloat16, 0.0},
+        Config{3008, 96, 12, 129, at::kHalf, 0.0}}) {
+    const std::string where = "in " + std::to_string(c.in) + ", out " + std::to_string(c.out) +
+                              ", rank " + std::to_string(c.rank) + ", tokens " +
+                              std::to_string(c.tokens) + ", " + c10::toString(c.dtype) + ", p " +
+                              std::to_string(c.p);
+    const auto proj = projection(c.in, c.out, c.rank);
+    const auto x = at::randn({c.tokens, c.in}).to(c.dtype);
+    const auto mask = at::rand({c.tokens, c.in}) >= c.p;
+    const auto gy = at::randn({c.tokens, c.out}).to(c.dtype);
+    struct Result {
+      at::Tensor y, dx, dA, dB;
+    };
+    const auto run = [&](at::Device device) {
+      auto p = proj;
+      p.base = proj.base.to(device);
+      p.bias = proj.bias.to(device);
+      p.lora_A = proj.lora_A.detach().to(device).requires_grad_(true);
+      p.lora_B = proj.lora_B.detach().to(device).requires_grad_(true);
+      auto xd = x.to(device, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
+      const LoraDropout dropout = c.p > 0 ? LoraDropout{c.p, mask.to(device)} : LoraDropout{};
+      const auto y = lora_w(xd, p, dropout);
+      y.backward(gy.to(device));
+      return Result{y.detach().cpu().to(at::kFloat), xd.grad().cpu().to(at::kFloat),
+                    p.lora_A.grad().cpu(), p.lora_B.grad().cpu()};
+    };
+    const auto cpu = run(at::kCPU), cuda = run(at::kCUDA);
+    const double ulp = c.dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+    const auto expect_close = [&](const char* name, const at::Tensor& got, const at::Tensor& want,
+                                  double rtol) {
+      const double scale = want.abs().max().item<double>();
+      const double err = (got - want).abs().max().item<double>();
+      EXPECT_LE(err, rtol * scale) << name << ": max |cuda - cpu| " << err << " against max |cpu| "
+                                   << scale << " (" << where << ")";
+    };
+    expect_close("y", cuda.y, cpu.y, 4 * ulp);
+    expect_close("dX", cuda.dx, cpu.dx, 4 * ulp);
+    expect_close("dA", cuda.dA, cpu.dA, 1e-4);
+    expect_close("dB", cuda.dB, cpu.dB, 1e-4);
   }
 }
 

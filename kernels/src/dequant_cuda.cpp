@@ -31,14 +31,14 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
   const auto options = in.qweight.options().dtype(out_dtype);
   auto out =
       layout == DequantLayout::kInOut ? at::empty({K, N}, options) : at::empty({N, K}, options);
-  // The kernel reads four columns' words as one 16-byte vector and their scales as one
-  // 8-byte vector: a view that does not start on such a boundary (a sliced shard, a view
-  // into a flat FSDP buffer) is copied to a fresh, aligned allocation first.
+  // The kernel reads four columns' words and eight columns' scales as 16-byte vectors: a
+  // view that does not start on such a boundary (a sliced shard, a view into a flat FSDP
+  // buffer) is copied to a fresh, aligned allocation first.
   const auto aligned = [](const at::Tensor& t, uintptr_t bytes) {
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0 ? t : t.clone();
   };
   const auto qweight = aligned(in.qweight, 16);
-  const auto scales = aligned(in.scales, 8);
+  const auto scales = aligned(in.scales, 16);
   cuda::DequantLaunch args{reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>()),
                            reinterpret_cast<const uint32_t*>(in.qzeros.data_ptr<int32_t>()),
                            scales.data_ptr(),

@@ -1,7 +1,9 @@
-// CUDA dequantization. One thread owns four neighbouring columns of a 32-row block: it
-// loads the block's `bits` packed words of each once (16-byte vectors) and writes 128
-// outputs (8- or 16-byte vectors); neighbouring threads own neighbouring columns, so loads
-// and row-major stores coalesce.
+// CUDA dequantization. One thread owns eight neighbouring columns of a block of rows (16
+// rows; 32 at 3 bits, whose 16 rows would end mid-word): it loads the block's packed words of
+// each once (16-byte vectors) and writes each row's eight outputs with one 16-byte streaming
+// store. Neighbouring threads own neighbouring columns, so loads and row-major stores
+// coalesce. Why eight columns, 16 rows and streaming stores: docs/performance.md
+// (dequantization), measured against a write-only fill of the same bytes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,48 +15,66 @@ namespace gradscope::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kRowsPerBlock = 32;
-constexpr int kCols = 4;  // N is a multiple of 4 at every width (qzeros packing)
+constexpr int kCols = 8;  // N is a multiple of 8 except at 8 bits (a multiple of 4)
+template <int kBits>
+constexpr int kRowsPerBlock = kBits == 3   ? 32
+                              : kBits == 8 ? 8
+                                           : 16;  // whole packed words
 
-// Four neighbouring outputs rounded once each and stored with one vector store.
+// Eight neighbouring outputs rounded once each. Stored with streaming stores (evict-first):
+// the output is not read again by this kernel, and without the hint 16-byte stores ran at
+// 58% of the 8-byte ones. `wide`: the row starts on a 16-byte boundary (N % 8 == 0), so one
+// vector store; else two 8-byte ones. `second`: columns n0 + 4..7 exist (only 8-bit layers
+// with N % 8 == 4 lack them, in the last thread of a row).
 template <typename Out>
-struct OutQuad;
+struct OutOct;
 template <>
-struct OutQuad<float> {
-  static __device__ __forceinline__ void store(float* p, const float (&v)[kCols]) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+struct OutOct<float> {
+  static __device__ __forceinline__ void store(float* p, const float (&v)[kCols], bool,
+                                               bool second) {
+    __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+    if (second) __stcs(reinterpret_cast<float4*>(p + 4), make_float4(v[4], v[5], v[6], v[7]));
   }
   static __device__ __forceinline__ float one(float v) { return v; }
 };
-template <>
-struct OutQuad<__half> {
-  static __device__ __forceinline__ void store(__half* p, const float (&v)[kCols]) {
-    const __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
-    uint2 bits;
-    bits.x = *reinterpret_cast<const uint32_t*>(&a);
-    bits.y = *reinterpret_cast<const uint32_t*>(&b);
-    *reinterpret_cast<uint2*>(p) = bits;
+template <typename Out, typename Pair, Pair (*kRound)(float, float)>
+struct OutOctHalf {
+  static __device__ __forceinline__ void store(Out* p, const float (&v)[kCols], bool wide,
+                                               bool second) {
+    uint32_t bits[kCols / 2];
+#pragma unroll
+    for (int c = 0; c < kCols / 2; ++c) {
+      const Pair pair = kRound(v[2 * c], v[2 * c + 1]);
+      bits[c] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    if (wide) {
+      __stcs(reinterpret_cast<uint4*>(p), make_uint4(bits[0], bits[1], bits[2], bits[3]));
+      return;
+    }
+    __stcs(reinterpret_cast<uint2*>(p), make_uint2(bits[0], bits[1]));
+    if (second) __stcs(reinterpret_cast<uint2*>(p + 4), make_uint2(bits[2], bits[3]));
   }
+};
+__device__ __forceinline__ __half2 round_half2(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ __nv_bfloat162 round_bf162(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <>
+struct OutOct<__half> : OutOctHalf<__half, __half2, round_half2> {
   static __device__ __forceinline__ __half one(float v) { return __float2half_rn(v); }
 };
 template <>
-struct OutQuad<__nv_bfloat16> {
-  static __device__ __forceinline__ void store(__nv_bfloat16* p, const float (&v)[kCols]) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]),
-                         b = __floats2bfloat162_rn(v[2], v[3]);
-    uint2 bits;
-    bits.x = *reinterpret_cast<const uint32_t*>(&a);
-    bits.y = *reinterpret_cast<const uint32_t*>(&b);
-    *reinterpret_cast<uint2*>(p) = bits;
-  }
+struct OutOct<__nv_bfloat16> : OutOctHalf<__nv_bfloat16, __nv_bfloat162, round_bf162> {
   static __device__ __forceinline__ __nv_bfloat16 one(float v) { return __float2bfloat16_rn(v); }
 };
 
-// A group's zero points and scales for a thread's four columns, as loaded: one 8-byte
-// vector of scales and the packed zero word(s) holding the four fields (one word at 2, 4
-// and 8 bits; at 3 bits the 12 bits may continue into the next word).
+// A group's zero points and scales for a thread's eight columns, as loaded: the scales as
+// four words of two 16-bit patterns, and the packed zero word(s) holding the eight fields
+// (one word at 2 and 4 bits; two at 8; at 3 bits the 24 bits may continue into the next).
 struct GroupWords {
-  uint2 scales;
+  uint4 scales;
   uint32_t zero_low, zero_high;
 };
 
@@ -66,109 +86,141 @@ __device__ __forceinline__ float scale_from_bits(uint32_t bits, bool bf16) {
               : __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-// Issues the loads of group g's parameters for columns n0..n0+3; decoding is left to
+// A code c (< 2^23) as a float without an int-to-float conversion, which issues at a quarter
+// of the FMA rate: the bits of 2^23 + c, less 2^23 + zero. Both are exact, and so is their
+// difference c - zero: the value is the same, bit for bit, as scale * float(c - zero).
+constexpr uint32_t kMagicBits = 0x4b000000u;  // 2^23 as a float
+constexpr float kMagic = 8388608.0f;
+
+// Where a thread is in its row: whether its row starts on a 16-byte boundary (`wide`) and
+// whether its second four columns exist (`second`), uniform but for the last thread.
+struct ColumnSpan {
+  int64_t n0, N;
+  bool wide, second;
+};
+
+// Issues the loads of group g's parameters for the thread's columns; decoding is left to
 // decode_group so that callers can issue several groups' loads before the first use.
-// `wrong_column` (the fault) takes columns n0+1..n0+4 instead, column N wrapping to 0
-// (next_column): the four scales shifted by one, the last from the next quad.
+// `wrong_column` (the fault) takes columns n0+1..n0+8 instead, column N wrapping to 0
+// (next_column): the eight scales shifted by one, the last from the next thread's first.
 template <int kBits>
 __device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qzeros,
                                                  const uint16_t* __restrict__ scales, int64_t g,
-                                                 int64_t n0, int64_t N, int zero_shift,
+                                                 const ColumnSpan& span, int zero_shift,
                                                  bool wrong_column, int64_t next_column) {
+  const int64_t N = span.N, n0 = span.n0;
   const uint32_t* zrow = qzeros + g * (N * kBits / 32) + n0 * kBits / 32;
-  const uint16_t* srow = scales + g * N;
+  const uint16_t* srow = scales + g * N + n0;
   GroupWords w;
   w.zero_low = __ldg(zrow);
-  w.zero_high = kBits == 3 && zero_shift + kCols * kBits > 32 ? __ldg(zrow + 1) : 0u;
-  w.scales = __ldg(reinterpret_cast<const uint2*>(srow + n0));  // 8-byte aligned: host check
+  const bool high = kBits == 8 ? span.second : kBits == 3 && zero_shift + kCols * kBits > 32;
+  w.zero_high = high ? __ldg(zrow + 1) : 0u;
+  if (span.wide) {  // 16-byte aligned: host check
+    w.scales = __ldg(reinterpret_cast<const uint4*>(srow));
+  } else {
+    const uint2 low = __ldg(reinterpret_cast<const uint2*>(srow));
+    const uint2 up = span.second ? __ldg(reinterpret_cast<const uint2*>(srow + 4)) : low;
+    w.scales = make_uint4(low.x, low.y, up.x, up.y);
+  }
   if (wrong_column) {
-    const uint32_t next = __ldg(reinterpret_cast<const unsigned short*>(srow + next_column));
-    w.scales = make_uint2(__funnelshift_r(w.scales.x, w.scales.y, 16),
-                          __funnelshift_r(w.scales.y, next, 16));
+    const uint32_t next =
+        __ldg(reinterpret_cast<const unsigned short*>(scales + g * N + next_column));
+    uint32_t* s = reinterpret_cast<uint32_t*>(&w.scales);
+    // Without a second quad the fifth scale is the next column's (the wrapped column 0).
+    const uint32_t after_first = span.second ? s[2] : next;
+    s[0] = __funnelshift_r(s[0], s[1], 16);
+    s[1] = __funnelshift_r(s[1], after_first, 16);
+    s[2] = __funnelshift_r(s[2], s[3], 16);
+    s[3] = __funnelshift_r(s[3], next, 16);
   }
   return w;
 }
 
 template <int kBits>
 __device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift, int zero_offset,
-                                             bool bf16_scales, int (&zero)[kCols],
+                                             bool bf16_scales, float (&zero)[kCols],
                                              float (&scale)[kCols]) {
-  const uint32_t s[kCols] = {w.scales.x & 0xffffu, w.scales.x >> 16, w.scales.y & 0xffffu,
-                             w.scales.y >> 16};
+  const uint32_t sw[kCols / 2] = {w.scales.x, w.scales.y, w.scales.z, w.scales.w};
+  const uint64_t fields = w.zero_low | static_cast<uint64_t>(w.zero_high) << 32;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    uint32_t field;
-    if constexpr (kBits == 3) {  // the four fields may continue into the next word
-      const uint64_t fields = w.zero_low | static_cast<uint64_t>(w.zero_high) << 32;
-      field = static_cast<uint32_t>(fields >> (zero_shift + c * kBits)) & 7u;
-    } else {
-      field = w.zero_low >> (zero_shift + c * kBits) & ((1u << kBits) - 1u);
-    }
-    zero[c] = static_cast<int>(field) + zero_offset;
-    scale[c] = scale_from_bits(s[c], bf16_scales);
+    // Eight fields span up to 64 bits (8-bit) or continue into the next word (3-bit).
+    const uint32_t field =
+        static_cast<uint32_t>(fields >> (zero_shift + c * kBits)) & ((1u << kBits) - 1u);
+    zero[c] = kMagic + static_cast<float>(static_cast<int>(field) + zero_offset);
+    scale[c] = scale_from_bits(c % 2 ? sw[c / 2] >> 16 : sw[c / 2] & 0xffffu, bf16_scales);
   }
 }
 
-// One thread owns four neighbouring columns of a 32-row block: the per-row work that does
-// not depend on the column (group, bit position) is done once for all four. Without
-// act-order a block's 32 rows lie in one or two groups, whose parameters are loaded once.
+// One thread owns eight neighbouring columns of a block of rows: the per-row work that does
+// not depend on the column (group, bit position) is done once for all eight. Without
+// act-order a block's rows lie in one or two groups, whose parameters are loaded once.
 // With act-order nearly every row has its own group, and loading a row's group when it
-// differed from the previous row's serialised 32 round trips to L2 per thread; such blocks
+// differed from the previous row's serialised a round trip to L2 per row; such blocks
 // load the groups of eight rows at a time before decoding any of them.
 // Every row's bit position is a compile-time constant (the loops unroll and the faults
 // never move it): the unrolled body stays small enough for the instruction cache, which a
 // run-time shift per row had overflowed.
 template <int kBits, bool kOutInLayout, typename Out>
-__global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
-                                    const uint32_t* __restrict__ qzeros,
-                                    const uint16_t* __restrict__ scales, bool bf16_scales,
-                                    const int32_t* __restrict__ g_idx, Out* __restrict__ out,
-                                    int64_t K, int64_t N, int64_t G, bool v1, int fault) {
-  constexpr int kRowsPerBatch = 8;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
-  const int rows = static_cast<int>(K - row0 < kRowsPerBlock ? K - row0 : kRowsPerBlock);
+__global__ void __launch_bounds__(kThreads)
+    dequant_gptq_kernel(const uint32_t* __restrict__ qweight, const uint32_t* __restrict__ qzeros,
+                        const uint16_t* __restrict__ scales, bool bf16_scales,
+                        const int32_t* __restrict__ g_idx, Out* __restrict__ out, int64_t K,
+                        int64_t N, int64_t G, bool v1, int fault) {
+  constexpr int kRows = kRowsPerBlock<kBits>;
+  constexpr int kWords = kRows * kBits / 32;
+#ifdef GRADSCOPE_DQ_BATCH
+  constexpr int kRowsPerBatch = GRADSCOPE_DQ_BATCH;
+#else
+  constexpr int kRowsPerBatch = 4;
+#endif
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows = static_cast<int>(K - row0 < kRows ? K - row0 : kRows);
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCols;
   const bool active = n0 < N;
+  const ColumnSpan span{n0, N, N % kCols == 0, n0 + kCols / 2 < N};
   // The block's words first, so that their latency overlaps the groups' below. The word
   // after the block is needed only by the shift fault, which reads every code one bit late.
   const bool shift_fault = fault == dequant_faults::kShiftOffByOne;
   const int64_t total_words = K * kBits / 32;
-  uint32_t words[kCols][kBits + 1];
+  uint32_t words[kCols][kWords + 1];
 #pragma unroll
-  for (int i = 0; i < kBits + 1; ++i) {
-    const int64_t w = row0 / 32 * kBits + i;
-    const uint4 quad = active && (i < kBits || shift_fault) && w < total_words
-                           ? *reinterpret_cast<const uint4*>(qweight + w * N + n0)
-                           : make_uint4(0u, 0u, 0u, 0u);
-    words[0][i] = quad.x;
-    words[1][i] = quad.y;
-    words[2][i] = quad.z;
-    words[3][i] = quad.w;
+  for (int i = 0; i < kWords + 1; ++i) {
+    const int64_t w = row0 * kBits / 32 + i;
+    const bool load = active && (i < kWords || shift_fault) && w < total_words;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 quad = load && (h == 0 || span.second)
+                             ? *reinterpret_cast<const uint4*>(qweight + w * N + n0 + 4 * h)
+                             : make_uint4(0u, 0u, 0u, 0u);
+      words[4 * h][i] = quad.x;
+      words[4 * h + 1][i] = quad.y;
+      words[4 * h + 2][i] = quad.z;
+      words[4 * h + 3][i] = quad.w;
+    }
   }
   if (shift_fault) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
 #pragma unroll
-      for (int i = 0; i < kBits; ++i)
+      for (int i = 0; i < kWords; ++i)
         words[c][i] = __funnelshift_r(words[c][i], words[c][i + 1], 1);
     }
   }
-  // The block's 32 groups, how often they change from one row to the next and at which row
-  // first, from one warp: every thread needs them, and from shared memory the per-row scale
-  // and zero loads below no longer wait on a g_idx load each.
-  __shared__ int32_t groups[kRowsPerBlock];
-  __shared__ int group_changes, first_change;
-  if (threadIdx.x < kRowsPerBlock) {
+  // The block's groups and how often they change from one row to the next, from one warp: every
+  // thread needs them, and from shared memory the per-row scale and zero loads below no longer wait
+  // on a g_idx load each.
+  __shared__ int32_t groups[kRows];
+  __shared__ int group_changes;
+  if (threadIdx.x < kRows) {
+    constexpr unsigned kLanes = kRows == 32 ? 0xffffffffu : (1u << kRows) - 1u;
     const int64_t k = row0 + threadIdx.x;
     const int32_t g =
         k < K ? static_cast<int32_t>(dequant_faults::group(k, K, G, g_idx, fault)) : 0;
     groups[threadIdx.x] = g;
-    const int32_t previous = __shfl_up_sync(0xffffffffu, g, 1);
-    const unsigned changed = __ballot_sync(0xffffffffu, threadIdx.x > 0 && k < K && g != previous);
-    if (threadIdx.x == 0) {
-      group_changes = __popc(changed);
-      first_change = changed ? __ffs(static_cast<int>(changed)) - 1 : kRowsPerBlock;
-    }
+    const int32_t previous = __shfl_up_sync(kLanes, g, 1);
+    const unsigned changed = __ballot_sync(kLanes, threadIdx.x > 0 && k < K && g != previous);
+    if (threadIdx.x == 0) group_changes = __popc(changed);
   }
   __syncthreads();
   if (!active) return;
@@ -177,58 +229,47 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
   const bool wrong_column = fault == dequant_faults::kScalesWrongColumn;
   const int64_t next_column = n0 + kCols < N ? n0 + kCols : 0;
   const bool keep_high = dequant_faults::keep_high_word(fault);
+  const int columns = span.second ? kCols : kCols / 2;
   // Rows past K (a partial last block) are computed from zero words and not stored: a
   // predicated store, where a loop exit per row had multiplied the unrolled code.
   Out* row_out = kOutInLayout ? out + n0 * K + row0 : out + row0 * N + n0;
-  const auto emit_row = [&](int j, const int(&zero)[kCols], const float(&scale)[kCols]) {
+  const auto emit_row = [&](int j, const float(&zero)[kCols], const float(&scale)[kCols]) {
     const int word = j * kBits >> 5, shift = j * kBits & 31;
     float value[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const uint32_t high = keep_high ? words[c][word + 1] : 0u;
       const uint32_t code = packed_bits::read_field(words[c][word], high, shift, kBits);
-      value[c] = scale[c] * static_cast<float>(static_cast<int>(code) - zero[c]);
+      value[c] = scale[c] * (__uint_as_float(kMagicBits | code) - zero[c]);
     }
     if (j < rows) {
       if constexpr (kOutInLayout) {
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) row_out[c * K + j] = OutQuad<Out>::one(value[c]);
+        for (int c = 0; c < kCols; ++c)
+          if (c < columns) row_out[c * K + j] = OutOct<Out>::one(value[c]);
       } else {
-        OutQuad<Out>::store(row_out, value);
+        OutOct<Out>::store(row_out, value, span.wide, span.second);
         row_out += N;
       }
     }
   };
-  int zero[kCols];
-  float scale[kCols];
-  if (group_changes <= 1) {
-    // At most two groups: the first row's up to the change, the last row's after it. Both
-    // loaded up front, each row picks one.
-    int second_zero[kCols];
-    float second_scale[kCols];
-    const GroupWords first =
-        load_group<kBits>(qzeros, scales, groups[0], n0, N, zero_shift, wrong_column, next_column);
-    const GroupWords second = load_group<kBits>(qzeros, scales, groups[rows - 1], n0, N, zero_shift,
-                                                wrong_column, next_column);
-    decode_group<kBits>(first, zero_shift, zero_offset, bf16_scales, zero, scale);
-    decode_group<kBits>(second, zero_shift, zero_offset, bf16_scales, second_zero, second_scale);
-    const int change = first_change;
+  float zero[kCols], scale[kCols];
+  if (group_changes == 0) {
+    // One group for the whole block (every block without act-order when the group size is a
+    // multiple of its rows): its parameters loaded and decoded once.
+    decode_group<kBits>(
+        load_group<kBits>(qzeros, scales, groups[0], span, zero_shift, wrong_column, next_column),
+        zero_shift, zero_offset, bf16_scales, zero, scale);
 #pragma unroll
-    for (int j = 0; j < kRowsPerBlock; ++j) {
-      if (j == change) {
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) zero[c] = second_zero[c], scale[c] = second_scale[c];
-      }
-      emit_row(j, zero, scale);
-    }
+    for (int j = 0; j < kRows; ++j) emit_row(j, zero, scale);
     return;
   }
 #pragma unroll
-  for (int j0 = 0; j0 < kRowsPerBlock; j0 += kRowsPerBatch) {
+  for (int j0 = 0; j0 < kRows; j0 += kRowsPerBatch) {
     GroupWords batch[kRowsPerBatch];  // rows past K read group 0, which exists
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i)
-      batch[i] = load_group<kBits>(qzeros, scales, groups[j0 + i], n0, N, zero_shift, wrong_column,
+      batch[i] = load_group<kBits>(qzeros, scales, groups[j0 + i], span, zero_shift, wrong_column,
                                    next_column);
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i) {
@@ -239,55 +280,55 @@ __global__ void dequant_gptq_kernel(const uint32_t* __restrict__ qweight,
 }
 
 template <int kBits, typename Out>
-void launch_typed(const DequantLaunch& a, cudaStream_t stream) {
-  const int64_t quads = (a.out_features + kCols - 1) / kCols;
-  const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads),
-                  static_cast<unsigned>((a.in_features + kRowsPerBlock - 1) / kRowsPerBlock));
+cudaError_t launch_typed(const DequantLaunch& a, cudaStream_t stream) {
+  constexpr int kRows = kRowsPerBlock<kBits>;
+  const int64_t octs = (a.out_features + kCols - 1) / kCols;
+  const int64_t row_blocks = (a.in_features + kRows - 1) / kRows;
+  if (row_blocks > 65535) return cudaErrorInvalidConfiguration;  // gridDim.y
+  const dim3 grid(static_cast<unsigned>((octs + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(row_blocks));
   const auto kernel = a.out_in_layout ? dequant_gptq_kernel<kBits, true, Out>
                                       : dequant_gptq_kernel<kBits, false, Out>;
   kernel<<<grid, kThreads, 0, stream>>>(a.qweight, a.qzeros, static_cast<const uint16_t*>(a.scales),
                                         a.scale_type == ElementType::kBFloat16, a.g_idx,
                                         static_cast<Out*>(a.out), a.in_features, a.out_features,
                                         a.groups, a.zero_offset == 1, a.fault);
+  return cudaSuccess;
 }
 
 template <int kBits>
-void launch_out(const DequantLaunch& a, cudaStream_t stream) {
+cudaError_t launch_out(const DequantLaunch& a, cudaStream_t stream) {
   switch (a.out_type) {
     case ElementType::kFloat32:
-      launch_typed<kBits, float>(a, stream);
-      break;
+      return launch_typed<kBits, float>(a, stream);
     case ElementType::kFloat16:
-      launch_typed<kBits, __half>(a, stream);
-      break;
+      return launch_typed<kBits, __half>(a, stream);
     case ElementType::kBFloat16:
-      launch_typed<kBits, __nv_bfloat16>(a, stream);
-      break;
+      return launch_typed<kBits, __nv_bfloat16>(a, stream);
   }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t launch_dequant_gptq(const DequantLaunch& a, cudaStream_t stream) {
   if (a.in_features == 0 || a.out_features == 0) return cudaSuccess;
-  if (a.in_features / kRowsPerBlock >= 65535) return cudaErrorInvalidConfiguration;
+  cudaError_t err = cudaErrorInvalidValue;
   switch (a.bits) {
     case 2:
-      launch_out<2>(a, stream);
+      err = launch_out<2>(a, stream);
       break;
     case 3:
-      launch_out<3>(a, stream);
+      err = launch_out<3>(a, stream);
       break;
     case 4:
-      launch_out<4>(a, stream);
+      err = launch_out<4>(a, stream);
       break;
     case 8:
-      launch_out<8>(a, stream);
+      err = launch_out<8>(a, stream);
       break;
-    default:
-      return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  return err == cudaSuccess ? cudaGetLastError() : err;
 }
 
 }  // namespace gradscope::cuda

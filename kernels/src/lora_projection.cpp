@@ -7,6 +7,7 @@
 
 #include "gradscope/dequant.h"
 #include "gradscope/faults.h"
+#include "lora_adapter_path.h"
 
 namespace gradscope {
 
@@ -145,6 +146,13 @@ ProjectionOutput projection_forward(const at::Tensor& x2, const LoraDropout& dro
     const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);  // [in, out]
     y = f.bias.defined() ? at::addmm(f.bias.to(dtype), x2, w_t) : at::mm(x2, w_t);
   }
+  if (adapter_kernels_apply(x2, ad, lora_a.size(0), lora_b.size(0))) {
+    // fp32 adapters beside half activations on CUDA: x read once, the term added in place.
+    const HalfRows xd{x2, dropout.p > 0 ? dropout.mask : at::Tensor(), 1.0 / (1.0 - dropout.p)};
+    auto xa = rows_times_adapter(xd, {lora_a, /*rank_major=*/true});
+    add_low_rank(y, {xa, {lora_b, /*rank_major=*/false}, at::Tensor(), f.scaling});
+    return {y, xa};
+  }
   const auto a_t = lora_a.to(ad).t(), b_t = lora_b.to(ad).t();
   if (ad == dtype) {
     const auto xa = at::mm(dropped_rows(x2, dropout, 0, m, dtype), a_t);
@@ -172,7 +180,6 @@ ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
   const auto dtype = dy2.scalar_type();
   const auto ad = adapter_dtype(dtype, lora_a.scalar_type());
   const int64_t m = dy2.size(0), r = lora_a.size(0), in = lora_a.size(1), out = lora_b.size(0);
-  const auto a = lora_a.to(ad), b = lora_b.to(ad);
   const bool rescale = !fault_active(Fault::kDropoutRescaleMissing);
   const double dx_factor = f.scaling / (dropout.p > 0 && rescale ? 1.0 - dropout.p : 1.0);
   const bool adapter_term = !fault_active(Fault::kDxMissingAdapterTerm);
@@ -182,42 +189,57 @@ ProjectionGrads projection_backward(const at::Tensor& dy2, const at::Tensor& x2,
     const auto w_t = dequantize_gptq(f.base, dtype, DequantLayout::kInOut);
     g.dx = at::mm(dy2, w_t.t());
   }
-  // Per block of tokens: dY B, the adapter's share of dX, and the block's sums into dA, dB
-  // (in the adapter path's dtype; a single block when it is x's own).
-  const int64_t block = ad == dtype ? std::max<int64_t>(m, 1) : kAdapterRows;
-  auto da = at::zeros({r, in}, dy2.options().dtype(ad));
-  auto db = at::zeros({out, r}, dy2.options().dtype(ad));
-  for (int64_t begin = 0; begin < m; begin += block) {
-    const int64_t n = std::min(block, m - begin);
-    const auto dy = dy2.narrow(0, begin, n).to(ad);
-    const auto dyb = at::mm(dy, b);  // [n, r]
-    if (need_dx && adapter_term) {
-      auto dx_rows = g.dx.narrow(0, begin, n);
-      auto term = at::mm(dyb, a);
-      if (dropout.p > 0) {
-        // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
-        const auto mask = dropout.mask.reshape(x2.sizes()).narrow(0, begin, n);
-        term = term * mask.to(ad);
+  at::Tensor da, db;
+  if (adapter_kernels_apply(dy2, ad, r, in) && !fault_active(Fault::kHalfPrecisionAccumulation)) {
+    // fp32 adapters beside half activations on CUDA: dY and X each read once per use.
+    const auto dyb = rows_times_adapter({dy2}, {lora_b, /*rank_major=*/false});  // [m, r]
+    const auto mask = dropout.p > 0 ? dropout.mask : at::Tensor();
+    if (need_dx && adapter_term)
+      add_low_rank(g.dx, {dyb, {lora_a, /*rank_major=*/true}, mask, dx_factor});
+    const HalfRows xd = fault_active(Fault::kDAFromUndroppedX)
+                            ? HalfRows{x2}
+                            : HalfRows{x2, mask, 1.0 / (1.0 - dropout.p)};
+    da = outer_product_sum(xd, {dyb, da_scale, /*rank_major=*/true});
+    db = outer_product_sum({dy2}, {xa, f.scaling, /*rank_major=*/false});
+  } else {
+    // Per block of tokens: dY B, the adapter's share of dX, and the block's sums into dA, dB
+    // (in the adapter path's dtype; a single block when it is x's own).
+    const int64_t block = ad == dtype ? std::max<int64_t>(m, 1) : kAdapterRows;
+    const auto a = lora_a.to(ad), b = lora_b.to(ad);
+    da = at::zeros({r, in}, dy2.options().dtype(ad));
+    db = at::zeros({out, r}, dy2.options().dtype(ad));
+    for (int64_t begin = 0; begin < m; begin += block) {
+      const int64_t n = std::min(block, m - begin);
+      const auto dy = dy2.narrow(0, begin, n).to(ad);
+      const auto dyb = at::mm(dy, b);  // [n, r]
+      if (need_dx && adapter_term) {
+        auto dx_rows = g.dx.narrow(0, begin, n);
+        auto term = at::mm(dyb, a);
+        if (dropout.p > 0) {
+          // dX += factor * ((dY B) A) * mask, the scale and mask applied in one rounding.
+          const auto mask = dropout.mask.reshape(x2.sizes()).narrow(0, begin, n);
+          term = term * mask.to(ad);
+        }
+        if (ad == dtype) {
+          dx_rows.add_(term, dx_factor);
+        } else {
+          dx_rows.add_((term * dx_factor).to(dtype));
+        }
       }
-      if (ad == dtype) {
-        dx_rows.add_(term, dx_factor);
+      const auto xd = fault_active(Fault::kDAFromUndroppedX)
+                          ? x2.narrow(0, begin, n).to(ad)
+                          : dropped_rows(x2, dropout, begin, n, ad);
+      if (fault_active(Fault::kHalfPrecisionAccumulation)) {
+        // Token by token, every partial sum rounded to the activation dtype.
+        auto acc = da.to(dtype);
+        const auto dyb_x = dyb.to(dtype), xd_x = xd.to(dtype);
+        for (int64_t t = 0; t < n; ++t) acc.addr_(dyb_x[t], xd_x[t], 1, da_scale);
+        da.copy_(acc);
       } else {
-        dx_rows.add_((term * dx_factor).to(dtype));
+        da.addmm_(dyb.t(), xd, /*beta=*/1, /*alpha=*/da_scale);
       }
+      db.addmm_(dy.t(), xa.narrow(0, begin, n).to(ad), /*beta=*/1, /*alpha=*/f.scaling);
     }
-    const auto xd = fault_active(Fault::kDAFromUndroppedX)
-                        ? x2.narrow(0, begin, n).to(ad)
-                        : dropped_rows(x2, dropout, begin, n, ad);
-    if (fault_active(Fault::kHalfPrecisionAccumulation)) {
-      // Token by token, every partial sum rounded to the activation dtype.
-      auto acc = da.to(dtype);
-      const auto dyb_x = dyb.to(dtype), xd_x = xd.to(dtype);
-      for (int64_t t = 0; t < n; ++t) acc.addr_(dyb_x[t], xd_x[t], 1, da_scale);
-      da.copy_(acc);
-    } else {
-      da.addmm_(dyb.t(), xd, /*beta=*/1, /*alpha=*/da_scale);
-    }
-    db.addmm_(dy.t(), xa.narrow(0, begin, n).to(ad), /*beta=*/1, /*alpha=*/f.scaling);
   }
   g.dA = da.to(lora_a.scalar_type());
   g.dB = db.to(lora_b.scalar_type());

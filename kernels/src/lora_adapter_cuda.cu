@@ -1,0 +1,426 @@
+// CUDA kernels of the LoRA adapter path in fp32 beside fp16 or bf16 activations (peft's mixed
+// precision: fp32 adapters, half activations). Through ATen this path cast every block of x
+// and dY to fp32, ran fp32 GEMMs of rank r, wrote the adapter term as an fp32 [tokens,
+// features] tensor and added it in a second pass: about five times the bytes of x moved per
+// use. Each kernel here reads the half tensor once and does the fp32 arithmetic in registers.
+// All three are bound by memory, not arithmetic: rank <= 64 is 128 FLOP or less per element.
+// Every sum over tokens or features is split in a fixed way and reduced in a fixed order, so
+// results are the same from run to run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "lora_adapter_cuda_launch.h"
+
+namespace gradscope::cuda {
+namespace {
+
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// N two-byte or one-byte elements as one vector access.
+template <int kBytes>
+struct Raw;
+template <>
+struct Raw<16> {
+  using type = uint4;
+};
+template <>
+struct Raw<8> {
+  using type = uint2;
+};
+template <>
+struct Raw<4> {
+  using type = uint32_t;
+};
+template <>
+struct Raw<2> {
+  using type = uint16_t;
+};
+template <>
+struct Raw<1> {
+  using type = uint8_t;
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void load_values(const T* p, float (&v)[N]) {
+  using R = typename Raw<N * sizeof(T)>::type;
+  const R raw = *reinterpret_cast<const R*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = to_float(e[i]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_values(T* p, const float (&v)[N]) {
+  using R = typename Raw<N * sizeof(T)>::type;
+  R raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) e[i] = from_float<T>(v[i]);
+  *reinterpret_cast<R*>(p) = raw;
+}
+
+// v[i] *= mask[i] ? keep_scale : 0, the product rounded once in fp32 (x * mask is exact).
+template <int N>
+__device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale, float (&v)[N]) {
+  using R = typename Raw<N>::type;
+  const R raw = *reinterpret_cast<const R*>(mask);
+  const uint8_t* m = reinterpret_cast<const uint8_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = m[i] ? v[i] * keep_scale : 0.0f;
+}
+
+// ---- P = alpha * x W^T ------------------------------------------------------------------
+// One thread per token: it sums its row against a [64, rank] tile of W that every thread of
+// the block reads at the same address (a broadcast). A block covers 128 tokens and one chunk
+// of kRowsChunk features; chunks are summed in a second pass in chunk order.
+constexpr int kRowsThreads = 128;
+constexpr int kRowsStep = 64;     // features per tile of W
+constexpr int kRowsChunk = 1024;  // features per block
+
+template <typename T, int kRank>
+__global__ void __launch_bounds__(kRowsThreads)
+    rows_times_adapter_kernel(AdapterRows x, AdapterMatrix w, int rank, float alpha, float* out,
+                              float* partial) {
+  __shared__ float4 tile[kRowsStep][kRank / 4];
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * kRowsChunk;
+  const int64_t k_end = k_begin + kRowsChunk < x.features ? k_begin + kRowsChunk : x.features;
+  const bool active = t < x.tokens;
+  const T* row = static_cast<const T*>(x.data) + t * x.features;
+  float acc[kRank] = {};
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowsStep) {
+    __syncthreads();
+    // The tile is read along W's contiguous dimension (features for lora_A, ranks for
+    // lora_B), so the loads coalesce.
+    float* flat = reinterpret_cast<float*>(tile);
+    for (int i = threadIdx.x; i < kRowsStep * kRank; i += kRowsThreads) {
+      const bool features_fastest = w.stride_k == 1;
+      const int e = features_fastest ? i % kRowsStep : i / kRank;
+      const int j = features_fastest ? i / kRowsStep : i % kRank;
+      const int64_t k = k0 + e;
+      flat[e * kRank + j] = j < rank && k < k_end ? w.data[j * w.stride_j + k * w.stride_k] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    // The step's eight 16-byte loads issued before any use: loading and using each vector in
+    // turn serialised eight memory latencies per step.
+    uint4 raw[kRowsStep / 8];
+    uint2 keep[kRowsStep / 8];
+#pragma unroll
+    for (int s = 0; s < kRowsStep / 8; ++s) {
+      const int64_t k = k0 + 8 * s;
+      const bool in = k < k_end;  // features are a multiple of 8; W's tile is 0 past k_end
+      raw[s] = in ? *reinterpret_cast<const uint4*>(row + k) : make_uint4(0u, 0u, 0u, 0u);
+      keep[s] = in && x.mask != nullptr
+                    ? *reinterpret_cast<const uint2*>(x.mask + t * x.features + k)
+                    : make_uint2(0x01010101u, 0x01010101u);
+    }
+#pragma unroll
+    for (int s = 0; s < kRowsStep / 8; ++s) {
+      float v[8];
+      load_values<T, 8>(reinterpret_cast<const T*>(&raw[s]), v);
+      if (x.mask != nullptr)
+        apply_mask<8>(reinterpret_cast<const uint8_t*>(&keep[s]), x.keep_scale, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+#pragma unroll
+        for (int j = 0; j < kRank / 4; ++j) {
+          const float4 wj = tile[8 * s + e][j];
+          acc[4 * j] = fmaf(v[e], wj.x, acc[4 * j]);
+          acc[4 * j + 1] = fmaf(v[e], wj.y, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(v[e], wj.z, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(v[e], wj.w, acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  const bool direct = gridDim.y == 1;
+  float* dst = direct ? out + t * rank : partial + (blockIdx.y * x.tokens + t) * rank;
+#pragma unroll
+  for (int j = 0; j < kRank; ++j)
+    if (j < rank) dst[j] = direct ? alpha * acc[j] : acc[j];
+}
+
+// out[i] = alpha * sum_s partial[s * n + i], s in order.
+__global__ void sum_chunks_kernel(const float* partial, int chunks, int64_t n, float alpha,
+                                  float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = 0.0f;
+  for (int c = 0; c < chunks; ++c) s += partial[c * n + i];
+  out[i] = alpha * s;
+}
+
+// ---- y += alpha * mask * (P W) ------------------------------------------------------------
+// A thread owns kCols neighbouring features and holds W's [rank, kCols] slice of them in
+// registers (64 values whatever the rank); it walks kAddTokens tokens, reading P's row from
+// shared memory (a broadcast).
+constexpr int kAddThreads = 128;
+constexpr int kAddTokens = 64;
+constexpr int kAddBatch = 8;
+
+template <typename T, int kRank>
+__global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a) {
+  constexpr int kCols = 64 / kRank;
+  __shared__ float4 p_tile[kAddTokens][kRank / 4];
+  const int64_t k = (static_cast<int64_t>(blockIdx.x) * kAddThreads + threadIdx.x) * kCols;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kAddTokens;
+  const int tokens = static_cast<int>(a.tokens - t0 < kAddTokens ? a.tokens - t0 : kAddTokens);
+  float* flat = reinterpret_cast<float*>(p_tile);
+  for (int i = threadIdx.x; i < kAddTokens * kRank; i += kAddThreads) {
+    const int t = i / kRank, j = i % kRank;
+    flat[i] = t < tokens && j < a.rank ? a.p[(t0 + t) * a.rank + j] : 0.0f;
+  }
+  __syncthreads();
+  if (k >= a.features) return;
+  float w[kRank][kCols];
+  if (a.w.stride_j == 1 && a.rank % 4 == 0) {
+    // lora_B [out, r]: a feature's ranks are contiguous, four per 16-byte load.
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+      for (int j = 0; j < kRank; j += 4) {
+        const float4 q =
+            j < a.rank ? *reinterpret_cast<const float4*>(a.w.data + (k + c) * a.w.stride_k + j)
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        w[j][c] = q.x, w[j + 1][c] = q.y, w[j + 2][c] = q.z, w[j + 3][c] = q.w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRank; ++j) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        w[j][c] = j < a.rank ? a.w.data[j * a.w.stride_j + (k + c) * a.w.stride_k] : 0.0f;
+    }
+  }
+  T* y = static_cast<T*>(a.y) + t0 * a.features + k;
+  const uint8_t* mask = a.mask != nullptr ? a.mask + t0 * a.features + k : nullptr;
+  // kBatch tokens' loads issued before the first use: one load in flight per thread left
+  // the kernel waiting on memory latency at a fraction of the bandwidth.
+  for (int b = 0; b < tokens; b += kAddBatch) {
+    float v[kAddBatch][kCols];
+#pragma unroll
+    for (int i = 0; i < kAddBatch; ++i)
+      if (b + i < tokens) load_values<T, kCols>(y + (b + i) * a.features, v[i]);
+#pragma unroll
+    for (int i = 0; i < kAddBatch; ++i) {
+      if (b + i >= tokens) break;
+      float term[kCols] = {};
+#pragma unroll
+      for (int j = 0; j < kRank / 4; ++j) {
+        const float4 p = p_tile[b + i][j];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          term[c] = fmaf(p.x, w[4 * j][c], term[c]);
+          term[c] = fmaf(p.y, w[4 * j + 1][c], term[c]);
+          term[c] = fmaf(p.z, w[4 * j + 2][c], term[c]);
+          term[c] = fmaf(p.w, w[4 * j + 3][c], term[c]);
+        }
+      }
+      if (mask != nullptr) apply_mask<kCols>(mask + (b + i) * a.features, 1.0f, term);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) v[i][c] = fmaf(a.alpha, term[c], v[i][c]);
+      store_values<T, kCols>(y + (b + i) * a.features, v[i]);
+    }
+  }
+}
+
+// ---- O = alpha * P^T x --------------------------------------------------------------------
+// A thread owns 8 neighbouring features and kRankBlock ranks of one block of kOuterTokens
+// tokens: per token one 16-byte load of x and P's kRankBlock values from shared memory. Token
+// blocks are summed in order in a second pass, which also applies alpha and the strides.
+constexpr int kOuterThreads = 128;
+constexpr int kOuterTokens = 256;  // a multiple of kOuterBatch
+constexpr int kOuterBatch = 8;
+
+template <typename T, int kRankBlock>
+__global__ void __launch_bounds__(kOuterThreads)
+    outer_product_kernel(AdapterRows x, const float* p, int rank, float* partial) {
+  __shared__ float4 p_tile[kOuterTokens][kRankBlock / 4];
+  const int j0 = blockIdx.x * kRankBlock;
+  const int64_t k = (static_cast<int64_t>(blockIdx.y) * kOuterThreads + threadIdx.x) * 8;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * kOuterTokens;
+  const int tokens = static_cast<int>(x.tokens - t0 < kOuterTokens ? x.tokens - t0 : kOuterTokens);
+  float* flat = reinterpret_cast<float*>(p_tile);
+  for (int i = threadIdx.x; i < kOuterTokens * kRankBlock; i += kOuterThreads) {
+    const int t = i / kRankBlock, j = j0 + i % kRankBlock;
+    flat[i] = t < tokens && j < rank ? p[(t0 + t) * rank + j] : 0.0f;
+  }
+  __syncthreads();
+  if (k >= x.features) return;
+  const T* row = static_cast<const T*>(x.data) + t0 * x.features + k;
+  const uint8_t* mask = x.mask != nullptr ? x.mask + t0 * x.features + k : nullptr;
+  float acc[kRankBlock][8] = {};
+  for (int b = 0; b < tokens; b += kOuterBatch) {
+    float v[kOuterBatch][8];  // loads issued before the first use, as in add_low_rank
+#pragma unroll
+    for (int i = 0; i < kOuterBatch; ++i) {
+      if (b + i < tokens) {
+        load_values<T, 8>(row + (b + i) * x.features, v[i]);
+        if (mask != nullptr) apply_mask<8>(mask + (b + i) * x.features, x.keep_scale, v[i]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) v[i][c] = 0.0f;  // P is zero there too
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kOuterBatch; ++i) {
+#pragma unroll
+      for (int j = 0; j < kRankBlock / 4; ++j) {
+        const float4 pj = p_tile[b + i][j];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          acc[4 * j][c] = fmaf(pj.x, v[i][c], acc[4 * j][c]);
+          acc[4 * j + 1][c] = fmaf(pj.y, v[i][c], acc[4 * j + 1][c]);
+          acc[4 * j + 2][c] = fmaf(pj.z, v[i][c], acc[4 * j + 2][c]);
+          acc[4 * j + 3][c] = fmaf(pj.w, v[i][c], acc[4 * j + 3][c]);
+        }
+      }
+    }
+  }
+  // partial[z][j][k]: features fastest, so the second pass reads it coalesced.
+  const int64_t plane = static_cast<int64_t>(rank) * x.features;
+#pragma unroll
+  for (int j = 0; j < kRankBlock; ++j) {
+    if (j0 + j >= rank) break;
+    float* dst = partial + blockIdx.z * plane + (j0 + j) * x.features + k;
+    reinterpret_cast<float4*>(dst)[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+  }
+}
+
+__global__ void sum_outer_kernel(const float* partial, int blocks, int rank, int64_t features,
+                                 float alpha, float* out, int64_t stride_j, int64_t stride_k) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t plane = static_cast<int64_t>(rank) * features;
+  if (i >= plane) return;
+  float s = 0.0f;
+  for (int b = 0; b < blocks; ++b) s += partial[b * plane + i];
+  const int64_t j = i / features, k = i % features;
+  out[j * stride_j + k * stride_k] = alpha * s;
+}
+
+int padded_rank(int rank) {
+  return rank <= 8 ? 8 : rank <= 16 ? 16 : rank <= 32 ? 32 : 64;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+template <typename T>
+void rows_times_typed(const RowsTimesAdapter& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.x.tokens, kRowsThreads)),
+                  static_cast<unsigned>(ceil_div(a.x.features, kRowsChunk)));
+  const int r = a.rank <= 16 ? 16 : padded_rank(a.rank);  // tiles of 4 ranks, at least 16
+  const auto kernel = r == 16   ? rows_times_adapter_kernel<T, 16>
+                      : r == 32 ? rows_times_adapter_kernel<T, 32>
+                                : rows_times_adapter_kernel<T, 64>;
+  kernel<<<grid, kRowsThreads, 0, stream>>>(a.x, a.w, a.rank, a.alpha, a.out, a.workspace);
+  if (grid.y > 1) {
+    const int64_t n = a.x.tokens * a.rank;
+    sum_chunks_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(
+        a.workspace, static_cast<int>(grid.y), n, a.alpha, a.out);
+  }
+}
+
+template <typename T>
+void add_low_rank_typed(const AddLowRank& a, cudaStream_t stream) {
+  const int r = padded_rank(a.rank);
+  const int cols = 64 / r;
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.features, int64_t{kAddThreads} * cols)),
+                  static_cast<unsigned>(ceil_div(a.tokens, kAddTokens)));
+  const auto kernel = r == 8    ? add_low_rank_kernel<T, 8>
+                      : r == 16 ? add_low_rank_kernel<T, 16>
+                      : r == 32 ? add_low_rank_kernel<T, 32>
+                                : add_low_rank_kernel<T, 64>;
+  kernel<<<grid, kAddThreads, 0, stream>>>(a);
+}
+
+// Eight ranks per block: 64 accumulators per thread leave room for four blocks per SM; a
+// larger rank re-reads x once per eight ranks, from L2 (the rank blocks of one tile of x
+// are neighbours in the grid).
+constexpr int kOuterRankBlock = 8;
+
+template <typename T>
+void outer_product_typed(const OuterProductSum& a, cudaStream_t stream) {
+  const int rb = kOuterRankBlock;
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.rank, rb)),
+                  static_cast<unsigned>(ceil_div(a.x.features, int64_t{kOuterThreads} * 8)),
+                  static_cast<unsigned>(ceil_div(a.x.tokens, kOuterTokens)));
+  outer_product_kernel<T, kOuterRankBlock>
+      <<<grid, kOuterThreads, 0, stream>>>(a.x, a.p, a.rank, a.workspace);
+  const int64_t plane = static_cast<int64_t>(a.rank) * a.x.features;
+  sum_outer_kernel<<<static_cast<unsigned>(ceil_div(plane, 256)), 256, 0, stream>>>(
+      a.workspace, static_cast<int>(grid.z), a.rank, a.x.features, a.alpha, a.out, a.out_stride_j,
+      a.out_stride_k);
+}
+
+bool valid(const AdapterRows& x, int rank) {
+  return x.features % 8 == 0 && rank >= 1 && rank <= kAdapterMaxRank &&
+         (x.type == ElementType::kFloat16 || x.type == ElementType::kBFloat16) &&
+         x.tokens < (int64_t{1} << 31) * kRowsThreads && ceil_div(x.tokens, kOuterTokens) <= 65535;
+}
+
+}  // namespace
+
+int64_t rows_times_adapter_workspace(int64_t tokens, int64_t features, int rank) {
+  const int64_t chunks = ceil_div(features, kRowsChunk);
+  return chunks > 1 ? chunks * tokens * rank : 0;
+}
+
+int64_t outer_product_sum_workspace(int64_t tokens, int64_t features, int rank) {
+  return ceil_div(tokens, kOuterTokens) * rank * features;
+}
+
+cudaError_t launch_rows_times_adapter(const RowsTimesAdapter& a, cudaStream_t stream) {
+  if (!valid(a.x, a.rank)) return cudaErrorInvalidValue;
+  if (a.x.tokens == 0) return cudaSuccess;
+  if (a.x.type == ElementType::kFloat16)
+    rows_times_typed<__half>(a, stream);
+  else
+    rows_times_typed<__nv_bfloat16>(a, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_low_rank(const AddLowRank& a, cudaStream_t stream) {
+  if (a.features % 8 != 0 || a.rank < 1 || a.rank > kAdapterMaxRank ||
+      ceil_div(a.tokens, kAddTokens) > 65535 ||
+      (a.type != ElementType::kFloat16 && a.type != ElementType::kBFloat16))
+    return cudaErrorInvalidValue;
+  if (a.tokens == 0) return cudaSuccess;
+  if (a.type == ElementType::kFloat16)
+    add_low_rank_typed<__half>(a, stream);
+  else
+    add_low_rank_typed<__nv_bfloat16>(a, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_outer_product_sum(const OuterProductSum& a, cudaStream_t stream) {
+  if (!valid(a.x, a.rank)) return cudaErrorInvalidValue;
+  if (a.x.tokens == 0) return cudaSuccess;  // the caller zero-fills
+  if (a.x.type == ElementType::kFloat16)
+    outer_product_typed<__half>(a, stream);
+  else
+    outer_product_typed<__nv_bfloat16>(a, stream);
+  return cudaGetLastError();
+}
+
+}  // namespace gradscope::cuda
