@@ -1,6 +1,6 @@
 // Launch interface of the CUDA kernels of the LoRA adapter path in fp32 beside fp16 or bf16
 // activations: raw pointers only, so the .cu file never parses torch headers. The math and
-// why these kernels exist: docs/lora-math.md (mixed precision) and docs/performance.md.
+// why these kernels exist: docs/lora-math.md (Precision) and docs/performance.md.
 #pragma once
 
 #include <cuda_runtime_api.h>
