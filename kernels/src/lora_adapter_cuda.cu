@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "lora_adapter_cuda_launch.h"
 
 namespace gradscope::cuda {
@@ -31,33 +33,17 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// N two-byte or one-byte elements as one vector access.
+// The unsigned type of kBytes bytes: N two-byte or one-byte elements as one vector access.
 template <int kBytes>
-struct Raw;
-template <>
-struct Raw<16> {
-  using type = uint4;
-};
-template <>
-struct Raw<8> {
-  using type = uint2;
-};
-template <>
-struct Raw<4> {
-  using type = uint32_t;
-};
-template <>
-struct Raw<2> {
-  using type = uint16_t;
-};
-template <>
-struct Raw<1> {
-  using type = uint8_t;
-};
+using Raw = std::conditional_t<
+    kBytes == 16, uint4,
+    std::conditional_t<kBytes == 8, uint2,
+                       std::conditional_t<kBytes == 4, uint32_t,
+                                          std::conditional_t<kBytes == 2, uint16_t, uint8_t>>>>;
 
 template <typename T, int N>
 __device__ __forceinline__ void load_values(const T* p, float (&v)[N]) {
-  using R = typename Raw<N * sizeof(T)>::type;
+  using R = Raw<N * sizeof(T)>;
   const R raw = *reinterpret_cast<const R*>(p);
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
@@ -66,7 +52,7 @@ __device__ __forceinline__ void load_values(const T* p, float (&v)[N]) {
 
 template <typename T, int N>
 __device__ __forceinline__ void store_values(T* p, const float (&v)[N]) {
-  using R = typename Raw<N * sizeof(T)>::type;
+  using R = Raw<N * sizeof(T)>;
   R raw;
   T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
@@ -77,7 +63,7 @@ __device__ __forceinline__ void store_values(T* p, const float (&v)[N]) {
 // v[i] *= mask[i] ? keep_scale : 0, the product rounded once in fp32 (x * mask is exact).
 template <int N>
 __device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale, float (&v)[N]) {
-  using R = typename Raw<N>::type;
+  using R = Raw<N>;
   const R raw = *reinterpret_cast<const R*>(mask);
   const uint8_t* m = reinterpret_cast<const uint8_t*>(&raw);
 #pragma unroll
