@@ -13,7 +13,7 @@
 # process's peak host memory; "seeds": the gpu suite's case files once per seed in SEEDS
 # (default 5-10), one queue per GPU, within SEEDS_SECONDS; SEED_FILES picks the files,
 # default those without 70B shapes; "profile": Nsight Compute on the 4-bit 8192 x 28672
-# dequant kernel with act-order on and off);
+# dequant kernel with act-order on and off, and on each adapter kernel at rank 16);
 # GPU_FILES picks case files (default all). STEPS=all runs every step but killmatrix and
 # seeds (fsdp only where there are 2 GPUs), most telling first. The whole script, configure
 # and build included, stays within CHECK_SECONDS (default 570, inside one 10-minute device
@@ -102,6 +102,7 @@ if has_step perf; then
 fi
 if has_step bench; then
   run bench "$BUILD_DIR/gradscope_bench" --json "$OUT/bench.json"
+  run adapter_bench "$BUILD_DIR/gradscope_adapter_bench"
 fi
 if has_step training; then
   run training_cuda "$BUILD_DIR/gradscope" run --suite training --device cuda --json "$OUT/training_cuda.json"
@@ -161,6 +162,15 @@ if has_step profile; then
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       "$BUILD_DIR/gradscope_bench" --only dequant --quick --bits 4 --act-order "$act" --out bf16 \
       --repeats 3
+  done
+  # The adapter kernels at rank 16: gradscope_adapter_bench launches each family 36 times per
+  # rank (two layouts, 3 warm-ups and 15 timed each), rank 8 first; skip to rank 16's first
+  # timed launch with lora_A's layout.
+  for kernel in rows_times_adapter add_low_rank outer_product; do
+    run "profile_adapter_$kernel" ncu --kernel-name "regex:${kernel}_kernel" --launch-skip 39 \
+      --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      "$BUILD_DIR/gradscope_adapter_bench"
   done
 fi
 if has_step killmatrix; then
