@@ -23,9 +23,9 @@ constexpr int kRowsPerBlock = kBits == 3   ? 32
 
 // Eight neighbouring outputs rounded once each. Stored with streaming stores (evict-first):
 // the output is not read again by this kernel, and without the hint 16-byte stores ran
-// slower than 8-byte ones in an exploratory H200 run. `wide`: the row starts on a 16-byte boundary (N % 8 == 0), so one
-// vector store; else two 8-byte ones. `second`: columns n0 + 4..7 exist (only 8-bit layers
-// with N % 8 == 4 lack them, in the last thread of a row).
+// slower than 8-byte ones in an exploratory H200 run. `wide`: the row starts on a 16-byte boundary
+// (N % 8 == 0), so one vector store; else two 8-byte ones. `second`: columns n0 + 4..7 exist (only
+// 8-bit layers with N % 8 == 4 lack them, in the last thread of a row).
 template <typename Out>
 struct OutOct;
 template <>
