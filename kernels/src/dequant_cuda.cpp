@@ -28,6 +28,10 @@ at::Tensor dequantize_gptq_cuda(const DequantInputs& in, at::ScalarType out_dtyp
                                 DequantLayout layout) {
   const c10::cuda::CUDAGuard guard(in.qweight.device());
   const int64_t K = in.in_features, N = in.out_features;
+  // The kernel indexes a group's row of scales with 32-bit products.
+  TORCH_CHECK(in.scales.size(0) * N < (int64_t{1} << 31), "gptq dequant on CUDA: scales [",
+              in.scales.size(0), ", ", N,
+              "] has 2^31 elements or more, past the kernel's indexing");
   const auto options = in.qweight.options().dtype(out_dtype);
   auto out =
       layout == DequantLayout::kInOut ? at::empty({K, N}, options) : at::empty({N, K}, options);

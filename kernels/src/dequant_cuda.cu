@@ -78,19 +78,10 @@ struct GroupWords {
   uint32_t zero_low, zero_high;
 };
 
-// fp16 and bf16 scales are both 16-bit patterns, told apart by a flag that is uniform across
-// the grid: one select per scale instead of a second instantiation of every kernel, which
-// halves the file's compile time.
-__device__ __forceinline__ float scale_from_bits(uint32_t bits, bool bf16) {
-  return bf16 ? __uint_as_float(bits << 16)
-              : __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-}
-
 // A code c (< 2^23) as a float without an int-to-float conversion, which issues at a quarter
 // of the FMA rate: the bits of 2^23 + c, less 2^23 + zero. Both are exact, and so is their
 // difference c - zero: the value is the same, bit for bit, as scale * float(c - zero).
 constexpr uint32_t kMagicBits = 0x4b000000u;  // 2^23 as a float
-constexpr float kMagic = 8388608.0f;
 
 // Where a thread is in its row: whether its row starts on a 16-byte boundary (`wide`) and
 // whether its second four columns exist (`second`), uniform but for the last thread.
@@ -99,18 +90,25 @@ struct ColumnSpan {
   bool wide, second;
 };
 
+// A thread's columns in qzeros and scales: group g's words are at g times the row strides,
+// 32-bit products (the launch checks G * N < 2^31) computed once per row in act-order blocks.
+struct GroupColumns {
+  const uint32_t* zeros;
+  const uint16_t* scales;
+  const uint16_t* next_scale;  // the wrong-column fault's ninth scale (next_column below)
+  int zero_row, scale_row;
+};
+
 // Issues the loads of group g's parameters for the thread's columns; decoding is left to
 // decode_group so that callers can issue several groups' loads before the first use.
 // `wrong_column` (the fault) takes columns n0+1..n0+8 instead, column N wrapping to 0
 // (next_column): the eight scales shifted by one, the last from the next thread's first.
 template <int kBits>
-__device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qzeros,
-                                                 const uint16_t* __restrict__ scales, int64_t g,
+__device__ __forceinline__ GroupWords load_group(const GroupColumns& columns, int g,
                                                  const ColumnSpan& span, int zero_shift,
-                                                 bool wrong_column, int64_t next_column) {
-  const int64_t N = span.N, n0 = span.n0;
-  const uint32_t* zrow = qzeros + g * (N * kBits / 32) + n0 * kBits / 32;
-  const uint16_t* srow = scales + g * N + n0;
+                                                 bool wrong_column) {
+  const uint32_t* zrow = columns.zeros + g * columns.zero_row;
+  const uint16_t* srow = columns.scales + g * columns.scale_row;
   GroupWords w;
   w.zero_low = __ldg(zrow);
   const bool high = kBits == 8 ? span.second : kBits == 3 && zero_shift + kCols * kBits > 32;
@@ -124,7 +122,7 @@ __device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qz
   }
   if (wrong_column) {
     const uint32_t next =
-        __ldg(reinterpret_cast<const unsigned short*>(scales + g * N + next_column));
+        __ldg(reinterpret_cast<const unsigned short*>(columns.next_scale + g * columns.scale_row));
     uint32_t* s = reinterpret_cast<uint32_t*>(&w.scales);
     // Without a second quad the fifth scale is the next column's (the wrapped column 0).
     const uint32_t after_first = span.second ? s[2] : next;
@@ -136,19 +134,42 @@ __device__ __forceinline__ GroupWords load_group(const uint32_t* __restrict__ qz
   return w;
 }
 
+// Decoding runs once per row in act-order blocks, where it was most of the kernel's
+// instructions (Nsight: issue-bound, not memory-bound): the one run-time shift is applied to
+// the packed zero fields once, every field then sits at a compile-time bit position, and a
+// zero becomes a float by its bits (kMagicBits + field + offset, exact below 2^23) instead of
+// an int-to-float conversion. fp16 and bf16 scales are both 16-bit patterns, told apart by
+// a flag uniform across the grid: one branch instead of a second instantiation of every
+// kernel, which halves the file's compile time.
 template <int kBits>
-__device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift, int zero_offset,
-                                             bool bf16_scales, float (&zero)[kCols],
-                                             float (&scale)[kCols]) {
-  const uint32_t sw[kCols / 2] = {w.scales.x, w.scales.y, w.scales.z, w.scales.w};
-  const uint64_t fields = w.zero_low | static_cast<uint64_t>(w.zero_high) << 32;
+__device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift,
+                                             uint32_t zero_bits, bool bf16_scales,
+                                             float (&zero)[kCols], float (&scale)[kCols]) {
+  // The eight fields from bit 0: at 4 and 8 bits a thread's fields start on a word (n0 is a
+  // multiple of 8), at 2 bits at bit 0 or 16, at 3 bits anywhere in the first word.
+  uint32_t low = w.zero_low, high = w.zero_high;
+  if constexpr (kBits == 2) low >>= zero_shift;
+  if constexpr (kBits == 3) low = __funnelshift_r(low, high, zero_shift);
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    // Eight fields span up to 64 bits (8-bit) or continue into the next word (3-bit).
-    const uint32_t field =
-        static_cast<uint32_t>(fields >> (zero_shift + c * kBits)) & ((1u << kBits) - 1u);
-    zero[c] = kMagic + static_cast<float>(static_cast<int>(field) + zero_offset);
-    scale[c] = scale_from_bits(c % 2 ? sw[c / 2] >> 16 : sw[c / 2] & 0xffffu, bf16_scales);
+    const uint32_t word = kBits == 8 && c >= 4 ? high : low;
+    const uint32_t field = (word >> (c * kBits % 32)) & ((1u << kBits) - 1u);
+    zero[c] = __uint_as_float(zero_bits + field);
+  }
+  const uint32_t sw[kCols / 2] = {w.scales.x, w.scales.y, w.scales.z, w.scales.w};
+  if (bf16_scales) {
+#pragma unroll
+    for (int c = 0; c < kCols / 2; ++c) {
+      scale[2 * c] = __uint_as_float(sw[c] << 16);
+      scale[2 * c + 1] = __uint_as_float(sw[c] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCols / 2; ++c) {
+      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&sw[c]));
+      scale[2 * c] = pair.x;
+      scale[2 * c + 1] = pair.y;
+    }
   }
 }
 
@@ -225,9 +246,12 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!active) return;
   const int zero_shift = packed_bits::locate(n0, kBits).shift;
-  const int zero_offset = dequant_faults::zero_offset(v1, fault);
+  // A zero point z as the bits of 2^23 + z + offset (see kMagicBits); the offset is 0 to 2.
+  const uint32_t zero_bits = kMagicBits + dequant_faults::zero_offset(v1, fault);
   const bool wrong_column = fault == dequant_faults::kScalesWrongColumn;
   const int64_t next_column = n0 + kCols < N ? n0 + kCols : 0;
+  const GroupColumns group_columns{qzeros + n0 * kBits / 32, scales + n0, scales + next_column,
+                                   static_cast<int>(N * kBits / 32), static_cast<int>(N)};
   const bool keep_high = dequant_faults::keep_high_word(fault);
   const int columns = span.second ? kCols : kCols / 2;
   // Rows past K (a partial last block) are computed from zero words and not stored: a
@@ -257,9 +281,8 @@ __global__ void __launch_bounds__(kThreads)
   if (group_changes == 0) {
     // One group for the whole block (every block without act-order when the group size is a
     // multiple of its rows): its parameters loaded and decoded once.
-    decode_group<kBits>(
-        load_group<kBits>(qzeros, scales, groups[0], span, zero_shift, wrong_column, next_column),
-        zero_shift, zero_offset, bf16_scales, zero, scale);
+    decode_group<kBits>(load_group<kBits>(group_columns, groups[0], span, zero_shift, wrong_column),
+                        zero_shift, zero_bits, bf16_scales, zero, scale);
 #pragma unroll
     for (int j = 0; j < kRows; ++j) emit_row(j, zero, scale);
     return;
@@ -269,11 +292,10 @@ __global__ void __launch_bounds__(kThreads)
     GroupWords batch[kRowsPerBatch];  // rows past K read group 0, which exists
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i)
-      batch[i] = load_group<kBits>(qzeros, scales, groups[j0 + i], span, zero_shift, wrong_column,
-                                   next_column);
+      batch[i] = load_group<kBits>(group_columns, groups[j0 + i], span, zero_shift, wrong_column);
 #pragma unroll
     for (int i = 0; i < kRowsPerBatch; ++i) {
-      decode_group<kBits>(batch[i], zero_shift, zero_offset, bf16_scales, zero, scale);
+      decode_group<kBits>(batch[i], zero_shift, zero_bits, bf16_scales, zero, scale);
       emit_row(j0 + i, zero, scale);
     }
   }
@@ -285,6 +307,7 @@ cudaError_t launch_typed(const DequantLaunch& a, cudaStream_t stream) {
   const int64_t octs = (a.out_features + kCols - 1) / kCols;
   const int64_t row_blocks = (a.in_features + kRows - 1) / kRows;
   if (row_blocks > 65535) return cudaErrorInvalidConfiguration;  // gridDim.y
+  if (a.groups * a.out_features >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((octs + kThreads - 1) / kThreads),
                   static_cast<unsigned>(row_blocks));
   const auto kernel = a.out_in_layout ? dequant_gptq_kernel<kBits, true, Out>

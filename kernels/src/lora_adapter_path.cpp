@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #ifdef GRADSCOPE_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,13 +16,31 @@
 
 namespace gradscope::detail {
 
+#ifdef GRADSCOPE_WITH_CUDA
+namespace {
+// GRADSCOPE_ADAPTER_KERNELS=off sends every projection through the ATen path, so that a
+// benchmark can time both paths on the same build (docs/performance.md); unset or "on": the
+// kernels wherever they apply. Read once per process.
+bool adapter_kernels_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("GRADSCOPE_ADAPTER_KERNELS");
+    if (value == nullptr || std::string_view(value) == "on") return true;
+    TORCH_CHECK(std::string_view(value) == "off",
+                "GRADSCOPE_ADAPTER_KERNELS: expected \"on\" or \"off\", got \"", value, "\"");
+    return false;
+  }();
+  return enabled;
+}
+}  // namespace
+#endif
+
 bool adapter_kernels_apply(const at::Tensor& x2, at::ScalarType adapter_dtype, int64_t rank,
                            int64_t out_features) {
 #ifdef GRADSCOPE_WITH_CUDA
   const auto t = x2.scalar_type();
-  return x2.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && adapter_dtype == at::kFloat &&
-         rank >= 1 && rank <= cuda::kAdapterMaxRank && x2.size(-1) % 8 == 0 &&
-         out_features % 8 == 0;
+  return x2.is_cuda() && adapter_kernels_enabled() && (t == at::kHalf || t == at::kBFloat16) &&
+         adapter_dtype == at::kFloat && rank >= 1 && rank <= cuda::kAdapterMaxRank &&
+         x2.size(-1) % 8 == 0 && out_features % 8 == 0;
 #else
   (void)x2, (void)adapter_dtype, (void)rank, (void)out_features;
   return false;
