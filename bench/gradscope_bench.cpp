@@ -235,7 +235,7 @@ void bench_ops(bool quick, int repeats, nlohmann::ordered_json& rows) {
       {"lora_w", "llama2-7b", 4096, 11008, 32, 32}, {"qkv", "llama2-7b", 4096, 11008, 32, 32},
       {"mlp", "llama2-7b", 4096, 11008, 32, 32},    {"lora_w", "llama2-70b", 8192, 28672, 64, 8},
       {"qkv", "llama2-70b", 8192, 28672, 64, 8},    {"mlp", "llama2-70b", 8192, 28672, 64, 8}};
-  std::vector<int64_t> token_counts = {2048, 8192}, ranks = {16, 64};
+  std::vector<int64_t> token_counts = {2048, 8192}, ranks = {16, 32, 64};
   if (quick) token_counts = {2048}, ranks = {16};
   std::printf("%-7s %-10s %6s %4s %9s %9s %7s %9s %9s %7s %9s %9s %9s %9s %7s %9s %9s %9s\n", "op",
               "model", "tokens", "r", "prod ms", "base ms", "speed", "prod GiB", "base GiB",
