@@ -73,19 +73,19 @@ __device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale
 // ---- P = alpha * x W^T ------------------------------------------------------------------
 // One thread per token: it sums its row against a [64, rank] tile of W that every thread of
 // the block reads at the same address (a broadcast). A block covers 128 tokens and one chunk
-// of kRowsChunk features; chunks are summed in a second pass in chunk order.
+// of features (rows_plan); chunks are summed in a second pass in chunk order.
 constexpr int kRowsThreads = 128;
-constexpr int kRowsStep = 64;     // features per tile of W
-constexpr int kRowsChunk = 1024;  // features per block
+constexpr int kRowsStep = 64;        // features per tile of W
+constexpr int kRowsMaxChunk = 1024;  // features per block at most
 
 template <typename T, int kRank>
 __global__ void __launch_bounds__(kRowsThreads)
-    rows_times_adapter_kernel(AdapterRows x, AdapterMatrix w, int rank, float alpha, float* out,
-                              float* partial) {
+    rows_times_adapter_kernel(AdapterRows x, AdapterMatrix w, int rank, int chunk, float alpha,
+                              float* out, float* partial) {
   __shared__ float4 tile[kRowsStep][kRank / 4];
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x;
-  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * kRowsChunk;
-  const int64_t k_end = k_begin + kRowsChunk < x.features ? k_begin + kRowsChunk : x.features;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t k_end = k_begin + chunk < x.features ? k_begin + chunk : x.features;
   const bool active = t < x.tokens;
   const T* row = static_cast<const T*>(x.data) + t * x.features;
   float acc[kRank] = {};
@@ -229,23 +229,25 @@ __global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a)
 }
 
 // ---- O = alpha * P^T x --------------------------------------------------------------------
-// A thread owns 8 neighbouring features and kRankBlock ranks of one block of kOuterTokens
-// tokens: per token one 16-byte load of x and P's kRankBlock values from shared memory. Token
-// blocks are summed in order in a second pass, which also applies alpha and the strides.
+// A thread owns 8 neighbouring features and kRankBlock ranks of one block of tokens
+// (outer_plan): per token one 16-byte load of x and P's kRankBlock values from shared memory.
+// Token blocks are summed in order in a second pass, which also applies alpha and the strides.
 constexpr int kOuterThreads = 128;
-constexpr int kOuterTokens = 256;  // a multiple of kOuterBatch
-constexpr int kOuterBatch = 4;     // 8: 156 registers, 3 blocks per SM, up to 1.9x the time
+constexpr int kOuterMaxTokens = 256;  // tokens per block at most; a multiple of kOuterBatch
+constexpr int kOuterMinTokens = 32;
+constexpr int kOuterBatch = 4;  // 8: 156 registers, 3 blocks per SM, up to 1.9x the time
 
 template <typename T, int kRankBlock>
 __global__ void __launch_bounds__(kOuterThreads)
-    outer_product_kernel(AdapterRows x, const float* p, int rank, float* partial) {
-  __shared__ float4 p_tile[kOuterTokens][kRankBlock / 4];
+    outer_product_kernel(AdapterRows x, const float* p, int rank, int block_tokens,
+                         float* partial) {
+  __shared__ float4 p_tile[kOuterMaxTokens][kRankBlock / 4];
   const int j0 = blockIdx.x * kRankBlock;
   const int64_t k = (static_cast<int64_t>(blockIdx.y) * kOuterThreads + threadIdx.x) * 8;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * kOuterTokens;
-  const int tokens = static_cast<int>(x.tokens - t0 < kOuterTokens ? x.tokens - t0 : kOuterTokens);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * block_tokens;
+  const int tokens = static_cast<int>(x.tokens - t0 < block_tokens ? x.tokens - t0 : block_tokens);
   float* flat = reinterpret_cast<float*>(p_tile);
-  for (int i = threadIdx.x; i < kOuterTokens * kRankBlock; i += kOuterThreads) {
+  for (int i = threadIdx.x; i < block_tokens * kRankBlock; i += kOuterThreads) {
     const int t = i / kRankBlock, j = j0 + i % kRankBlock;
     flat[i] = t < tokens && j < rank ? p[(t0 + t) * rank + j] : 0.0f;
   }
@@ -311,15 +313,47 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+int64_t clamp(int64_t v, int64_t low, int64_t high) {
+  return v < low ? low : v > high ? high : v;
+}
+
+// How the sums over features (rows_times) and tokens (outer_product) are split. Few tokens
+// left the grids at a fraction of the SMs (64 blocks at 2048 tokens and 4096 features, where
+// an H200 has 132 SMs), so the split aims at kTargetBlocks blocks. It depends on the shape
+// alone, never on the GPU: a sum is split, and rounded, the same way on every device.
+constexpr int64_t kTargetBlocks = 512;
+
+// Features per block of rows_times_adapter: a multiple of kRowsStep.
+int rows_chunk(int64_t tokens, int64_t features) {
+  const int64_t chunks = ceil_div(kTargetBlocks, ceil_div(tokens, kRowsThreads));
+  const int64_t chunk = ceil_div(ceil_div(features, chunks), kRowsStep) * kRowsStep;
+  return static_cast<int>(clamp(chunk, kRowsStep, kRowsMaxChunk));
+}
+
+// Eight ranks per block: 64 accumulators per thread leave room for four blocks per SM; a
+// larger rank re-reads x once per eight ranks, from L2 (the rank blocks of one tile of x
+// are neighbours in the grid).
+constexpr int kOuterRankBlock = 8;
+
+// Tokens per block of outer_product: a multiple of kOuterBatch.
+int outer_tokens(int64_t tokens, int64_t features, int rank) {
+  const int64_t per_token_block =
+      ceil_div(rank, kOuterRankBlock) * ceil_div(features, int64_t{kOuterThreads} * 8);
+  const int64_t token_blocks = ceil_div(kTargetBlocks, per_token_block);
+  const int64_t per = ceil_div(ceil_div(tokens, token_blocks), kOuterBatch) * kOuterBatch;
+  return static_cast<int>(clamp(per, kOuterMinTokens, kOuterMaxTokens));
+}
+
 template <typename T>
 void rows_times_typed(const RowsTimesAdapter& a, cudaStream_t stream) {
+  const int chunk = rows_chunk(a.x.tokens, a.x.features);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.x.tokens, kRowsThreads)),
-                  static_cast<unsigned>(ceil_div(a.x.features, kRowsChunk)));
+                  static_cast<unsigned>(ceil_div(a.x.features, chunk)));
   const int r = a.rank <= 16 ? 16 : padded_rank(a.rank);  // tiles of 4 ranks, at least 16
   const auto kernel = r == 16   ? rows_times_adapter_kernel<T, 16>
                       : r == 32 ? rows_times_adapter_kernel<T, 32>
                                 : rows_times_adapter_kernel<T, 64>;
-  kernel<<<grid, kRowsThreads, 0, stream>>>(a.x, a.w, a.rank, a.alpha, a.out, a.workspace);
+  kernel<<<grid, kRowsThreads, 0, stream>>>(a.x, a.w, a.rank, chunk, a.alpha, a.out, a.workspace);
   if (grid.y > 1) {
     const int64_t n = a.x.tokens * a.rank;
     sum_chunks_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(
@@ -340,19 +374,14 @@ void add_low_rank_typed(const AddLowRank& a, cudaStream_t stream) {
   kernel<<<grid, kAddThreads, 0, stream>>>(a);
 }
 
-// Eight ranks per block: 64 accumulators per thread leave room for four blocks per SM; a
-// larger rank re-reads x once per eight ranks, from L2 (the rank blocks of one tile of x
-// are neighbours in the grid).
-constexpr int kOuterRankBlock = 8;
-
 template <typename T>
 void outer_product_typed(const OuterProductSum& a, cudaStream_t stream) {
-  const int rb = kOuterRankBlock;
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.rank, rb)),
+  const int block_tokens = outer_tokens(a.x.tokens, a.x.features, a.rank);
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.rank, kOuterRankBlock)),
                   static_cast<unsigned>(ceil_div(a.x.features, int64_t{kOuterThreads} * 8)),
-                  static_cast<unsigned>(ceil_div(a.x.tokens, kOuterTokens)));
+                  static_cast<unsigned>(ceil_div(a.x.tokens, block_tokens)));
   outer_product_kernel<T, kOuterRankBlock>
-      <<<grid, kOuterThreads, 0, stream>>>(a.x, a.p, a.rank, a.workspace);
+      <<<grid, kOuterThreads, 0, stream>>>(a.x, a.p, a.rank, block_tokens, a.workspace);
   const int64_t plane = static_cast<int64_t>(a.rank) * a.x.features;
   sum_outer_kernel<<<static_cast<unsigned>(ceil_div(plane, 256)), 256, 0, stream>>>(
       a.workspace, static_cast<int>(grid.z), a.rank, a.x.features, a.alpha, a.out, a.out_stride_j,
@@ -362,18 +391,19 @@ void outer_product_typed(const OuterProductSum& a, cudaStream_t stream) {
 bool valid(const AdapterRows& x, int rank) {
   return x.features % 8 == 0 && rank >= 1 && rank <= kAdapterMaxRank &&
          (x.type == ElementType::kFloat16 || x.type == ElementType::kBFloat16) &&
-         x.tokens < (int64_t{1} << 31) * kRowsThreads && ceil_div(x.tokens, kOuterTokens) <= 65535;
+         x.tokens < (int64_t{1} << 31) * kRowsThreads &&
+         ceil_div(x.tokens, kOuterMaxTokens) <= 65535;
 }
 
 }  // namespace
 
 int64_t rows_times_adapter_workspace(int64_t tokens, int64_t features, int rank) {
-  const int64_t chunks = ceil_div(features, kRowsChunk);
+  const int64_t chunks = ceil_div(features, rows_chunk(tokens, features));
   return chunks > 1 ? chunks * tokens * rank : 0;
 }
 
 int64_t outer_product_sum_workspace(int64_t tokens, int64_t features, int rank) {
-  return ceil_div(tokens, kOuterTokens) * rank * features;
+  return ceil_div(tokens, outer_tokens(tokens, features, rank)) * rank * features;
 }
 
 cudaError_t launch_rows_times_adapter(const RowsTimesAdapter& a, cudaStream_t stream) {
