@@ -3,7 +3,7 @@
 // and dY to fp32, ran fp32 GEMMs of rank r, wrote the adapter term as an fp32 [tokens,
 // features] tensor and added it in a second pass: about five times the bytes of x moved per
 // use. Each kernel here reads the half tensor once and does the fp32 arithmetic in registers.
-// All three are bound by memory, not arithmetic: rank <= 64 is 128 FLOP or less per element.
+// All three are bound by memory, not arithmetic: rank <= 32 is 64 FLOP or less per element.
 // Every sum over tokens or features is split in a fixed way and reduced in a fixed order, so
 // results are the same from run to run.
 #include <cuda_bf16.h>
@@ -306,7 +306,7 @@ __global__ void sum_outer_kernel(const float* partial, int blocks, int rank, int
 }
 
 int padded_rank(int rank) {
-  return rank <= 8 ? 8 : rank <= 16 ? 16 : rank <= 32 ? 32 : 64;
+  return rank <= 8 ? 8 : rank <= 16 ? 16 : 32;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -323,9 +323,12 @@ int64_t clamp(int64_t v, int64_t low, int64_t high) {
 // alone, never on the GPU: a sum is split, and rounded, the same way on every device.
 constexpr int64_t kTargetBlocks = 512;
 
-// Features per block of rows_times_adapter: a multiple of kRowsStep.
-int rows_chunk(int64_t tokens, int64_t features) {
-  const int64_t chunks = ceil_div(kTargetBlocks, ceil_div(tokens, kRowsThreads));
+// Features per block of rows_times_adapter: a multiple of kRowsStep. At rank 32 (151
+// registers, three blocks per SM) half the blocks: 512 ran in two waves on an H200 and made
+// rank 32 slower at 8192 tokens than one wave of 256.
+int rows_chunk(int64_t tokens, int64_t features, int rank) {
+  const int64_t target = rank <= 16 ? kTargetBlocks : kTargetBlocks / 2;
+  const int64_t chunks = ceil_div(target, ceil_div(tokens, kRowsThreads));
   const int64_t chunk = ceil_div(ceil_div(features, chunks), kRowsStep) * kRowsStep;
   return static_cast<int>(clamp(chunk, kRowsStep, kRowsMaxChunk));
 }
@@ -346,13 +349,11 @@ int outer_tokens(int64_t tokens, int64_t features, int rank) {
 
 template <typename T>
 void rows_times_typed(const RowsTimesAdapter& a, cudaStream_t stream) {
-  const int chunk = rows_chunk(a.x.tokens, a.x.features);
+  const int chunk = rows_chunk(a.x.tokens, a.x.features, a.rank);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.x.tokens, kRowsThreads)),
                   static_cast<unsigned>(ceil_div(a.x.features, chunk)));
   const int r = a.rank <= 16 ? 16 : padded_rank(a.rank);  // tiles of 4 ranks, at least 16
-  const auto kernel = r == 16   ? rows_times_adapter_kernel<T, 16>
-                      : r == 32 ? rows_times_adapter_kernel<T, 32>
-                                : rows_times_adapter_kernel<T, 64>;
+  const auto kernel = r == 16 ? rows_times_adapter_kernel<T, 16> : rows_times_adapter_kernel<T, 32>;
   kernel<<<grid, kRowsThreads, 0, stream>>>(a.x, a.w, a.rank, chunk, a.alpha, a.out, a.workspace);
   if (grid.y > 1) {
     const int64_t n = a.x.tokens * a.rank;
@@ -369,8 +370,7 @@ void add_low_rank_typed(const AddLowRank& a, cudaStream_t stream) {
                   static_cast<unsigned>(ceil_div(a.tokens, kAddTokens)));
   const auto kernel = r == 8    ? add_low_rank_kernel<T, 8>
                       : r == 16 ? add_low_rank_kernel<T, 16>
-                      : r == 32 ? add_low_rank_kernel<T, 32>
-                                : add_low_rank_kernel<T, 64>;
+                                : add_low_rank_kernel<T, 32>;
   kernel<<<grid, kAddThreads, 0, stream>>>(a);
 }
 
@@ -398,7 +398,7 @@ bool valid(const AdapterRows& x, int rank) {
 }  // namespace
 
 int64_t rows_times_adapter_workspace(int64_t tokens, int64_t features, int rank) {
-  const int64_t chunks = ceil_div(features, rows_chunk(tokens, features));
+  const int64_t chunks = ceil_div(features, rows_chunk(tokens, features, rank));
   return chunks > 1 ? chunks * tokens * rank : 0;
 }
 

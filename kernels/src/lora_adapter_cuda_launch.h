@@ -11,8 +11,10 @@
 
 namespace gradscope::cuda {
 
-// The largest rank the kernels take; a larger one stays on the ATen path.
-constexpr int kAdapterMaxRank = 64;
+// The largest rank the kernels take; a larger one stays on the ATen path. At rank 64 the
+// kernels' fp32 work per element made the fused ops 0.80-1.02x as fast as the ATen path on
+// the H200 (docs/performance.md), at ranks 16 and 32 1.09-1.70x.
+constexpr int kAdapterMaxRank = 32;
 
 // An fp32 matrix W(j, k), j < rank, k < features, read at data[j * stride_j + k * stride_k]:
 // lora_A [r, in] is W with strides (in, 1); lora_B [out, r] read as W(j, o) = B[o, j] has
