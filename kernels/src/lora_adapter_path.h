@@ -8,7 +8,8 @@
 namespace gradscope::detail {
 
 // Whether the kernels take a projection: x on CUDA in fp16 or bf16 with fp32 adapter math,
-// rank <= 32 (cuda::kAdapterMaxRank), in and out features multiples of 8, and a CUDA build.
+// rank <= 32 (cuda::kAdapterMaxRank), in and out features multiples of 8, a CUDA build, and
+// GRADSCOPE_ADAPTER_KERNELS not "off" (lora_adapter_path.cpp).
 bool adapter_kernels_apply(const at::Tensor& x2, at::ScalarType adapter_dtype, int64_t rank,
                            int64_t out_features);
 
