@@ -32,6 +32,20 @@ LoraProjection projection(int64_t in, int64_t out, int64_t r = 4) {
   return p;
 }
 
+// An empty batch is valid input: an empty output, an empty dX and zero adapter gradients.
+TEST(LoraOps, EmptyBatchGivesEmptyOutputsAndZeroAdapterGradients) {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    auto p = projection(64, 32);
+    const auto x = at::randn({0, 64}).to(dtype).requires_grad_(true);
+    const auto y = lora_w(x, p, LoraDropout{0.1, at::ones({0, 64}, at::kBool)});
+    EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 32})) << c10::toString(dtype);
+    y.backward(at::zeros_like(y));
+    EXPECT_EQ(x.grad().sizes(), x.sizes()) << c10::toString(dtype);
+    EXPECT_EQ(p.lora_A.grad().abs().sum().item<double>(), 0.0) << c10::toString(dtype);
+    EXPECT_EQ(p.lora_B.grad().abs().sum().item<double>(), 0.0) << c10::toString(dtype);
+  }
+}
+
 TEST(LoraOps, ValidationNamesTheTensorAndTheExpectation) {
   const auto p = projection(64, 32);
   const auto x = at::randn({2, 8, 64});
@@ -160,7 +174,8 @@ TEST(BaselineDequant, AgreesWithProdForEveryWidthAndConvention) {
 // output dtype (y, dX: the kernels round y + term once, the ATen path the term first) and to
 // fp32 summation order in dA and dB. Shapes cross the kernels' blocks: tokens not a multiple of
 // 64, 128 or 256, features past one 1024-feature chunk, ranks padded to 8, 16 and 32, with and
-// without dropout, and a rank past the kernels' 32 (the ATen path on both devices).
+// without dropout, a rank past the kernels' 32 (the ATen path on both devices), and an empty
+// batch.
 TEST(LoraOpsCuda, AdapterKernelsMatchTheAtenPath) {
   if (!at::hasCUDA()) {
     if (std::getenv("GRADSCOPE_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA GPU";
@@ -175,7 +190,8 @@ TEST(LoraOpsCuda, AdapterKernelsMatchTheAtenPath) {
   for (const auto& c :
        {Config{1056, 520, 7, 300, at::kHalf, 0.0}, Config{64, 2056, 25, 1, at::kBFloat16, 0.1},
         Config{2048, 1024, 32, 515, at::kHalf, 0.1}, Config{256, 136, 16, 2100, at::kBFloat16, 0.0},
-        Config{3008, 96, 12, 129, at::kHalf, 0.0}, Config{512, 264, 40, 70, at::kHalf, 0.0}}) {
+        Config{3008, 96, 12, 129, at::kHalf, 0.0}, Config{512, 264, 40, 70, at::kHalf, 0.0},
+        Config{128, 64, 16, 0, at::kBFloat16, 0.1}}) {
     const std::string where = "in " + std::to_string(c.in) + ", out " + std::to_string(c.out) +
                               ", rank " + std::to_string(c.rank) + ", tokens " +
                               std::to_string(c.tokens) + ", " + c10::toString(c.dtype) + ", p " +
@@ -204,6 +220,10 @@ TEST(LoraOpsCuda, AdapterKernelsMatchTheAtenPath) {
     const double ulp = c.dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
     const auto expect_close = [&](const char* name, const at::Tensor& got, const at::Tensor& want,
                                   double rtol) {
+      if (want.numel() == 0) {  // an empty batch: y and dX empty alike
+        EXPECT_EQ(got.sizes(), want.sizes()) << name << " (" << where << ")";
+        return;
+      }
       const double scale = want.abs().max().item<double>();
       const double err = (got - want).abs().max().item<double>();
       EXPECT_LE(err, rtol * scale) << name << ": max |cuda - cpu| " << err << " against max |cpu| "

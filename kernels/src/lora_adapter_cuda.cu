@@ -3,12 +3,14 @@
 // and dY to fp32, ran fp32 GEMMs of rank r, wrote the adapter term as an fp32 [tokens,
 // features] tensor and added it in a second pass: about five times the bytes of x moved per
 // use. Each kernel here reads the half tensor once and does the fp32 arithmetic in registers.
-// All three are bound by memory, not arithmetic: rank <= 32 is 64 FLOP or less per element.
+// Rank <= 32 is 64 FLOP or less per element, so each could run at the speed of its memory
+// traffic; where each stands and what bounds it (Nsight): docs/performance.md.
 // Every sum over tokens or features is split in a fixed way and reduced in a fixed order, so
 // results are the same from run to run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "lora_adapter_cuda_launch.h"
@@ -73,7 +75,7 @@ __device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale
 // ---- P = alpha * x W^T ------------------------------------------------------------------
 // One thread per token: it sums its row against a [64, rank] tile of W that every thread of
 // the block reads at the same address (a broadcast). A block covers 128 tokens and one chunk
-// of features (rows_plan); chunks are summed in a second pass in chunk order.
+// of features (rows_chunk); chunks are summed in a second pass in chunk order.
 constexpr int kRowsThreads = 128;
 constexpr int kRowsStep = 64;        // features per tile of W
 constexpr int kRowsMaxChunk = 1024;  // features per block at most
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a)
 
 // ---- O = alpha * P^T x --------------------------------------------------------------------
 // A thread owns 8 neighbouring features and kRankBlock ranks of one block of tokens
-// (outer_plan): per token one 16-byte load of x and P's kRankBlock values from shared memory.
+// (outer_tokens): per token one 16-byte load of x and P's kRankBlock values from shared memory.
 // Token blocks are summed in order in a second pass, which also applies alpha and the strides.
 constexpr int kOuterThreads = 128;
 constexpr int kOuterMaxTokens = 256;  // tokens per block at most; a multiple of kOuterBatch
@@ -328,7 +330,9 @@ constexpr int64_t kTargetBlocks = 512;
 // rank 32 slower at 8192 tokens than one wave of 256.
 int rows_chunk(int64_t tokens, int64_t features, int rank) {
   const int64_t target = rank <= 16 ? kTargetBlocks : kTargetBlocks / 2;
-  const int64_t chunks = ceil_div(target, ceil_div(tokens, kRowsThreads));
+  // At least one block of tokens: the workspace is sized before an empty batch returns.
+  // At least one block of tokens: the glue sizes the workspace before an empty batch returns.
+  const int64_t chunks = ceil_div(target, std::max<int64_t>(ceil_div(tokens, kRowsThreads), 1));
   const int64_t chunk = ceil_div(ceil_div(features, chunks), kRowsStep) * kRowsStep;
   return static_cast<int>(clamp(chunk, kRowsStep, kRowsMaxChunk));
 }
@@ -342,7 +346,7 @@ constexpr int kOuterRankBlock = 8;
 int outer_tokens(int64_t tokens, int64_t features, int rank) {
   const int64_t per_token_block =
       ceil_div(rank, kOuterRankBlock) * ceil_div(features, int64_t{kOuterThreads} * 8);
-  const int64_t token_blocks = ceil_div(kTargetBlocks, per_token_block);
+  const int64_t token_blocks = ceil_div(kTargetBlocks, std::max<int64_t>(per_token_block, 1));
   const int64_t per = ceil_div(ceil_div(tokens, token_blocks), kOuterBatch) * kOuterBatch;
   return static_cast<int>(clamp(per, kOuterMinTokens, kOuterMaxTokens));
 }
