@@ -73,76 +73,139 @@ __device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale
 }
 
 // ---- P = alpha * x W^T ------------------------------------------------------------------
-// One thread per token: it sums its row against a [64, rank] tile of W that every thread of
-// the block reads at the same address (a broadcast). A block covers 128 tokens and one chunk
-// of features (rows_chunk); chunks are summed in a second pass in chunk order.
+// A thread owns kRowsTokens tokens: it sums their rows against a [kRowsStep, rank] tile of W
+// in shared memory that every thread of the block reads at the same address (a broadcast), so
+// each shared load feeds kRowsTokens FMAs per rank (with one token per thread these loads
+// bound the kernel: L1/TEX 89% under Nsight). The next step's x and W are loaded while this
+// step is summed, and W's tile is double-buffered: one barrier per step. A block covers
+// kRowsTokens * 128 tokens and one chunk of features (rows_chunk); chunks are summed in a
+// second pass in chunk order.
 constexpr int kRowsThreads = 128;
-constexpr int kRowsStep = 64;        // features per tile of W
+constexpr int kRowsTokens = 2;
+constexpr int kRowsBlockTokens = kRowsThreads * kRowsTokens;
+constexpr int kRowsStep = 16;  // features per tile of W
+constexpr int kRowsVectors = kRowsStep / 8;
+constexpr int kRowsMinChunk = 128;   // fewer features per block: more partial sums than x
 constexpr int kRowsMaxChunk = 1024;  // features per block at most
 
-template <typename T, int kRank>
-__global__ void __launch_bounds__(kRowsThreads)
+// One step of a thread's rows: 16-byte vectors of x and, with dropout, their mask bytes.
+struct RowsStep {
+  uint4 x[kRowsTokens][kRowsVectors];
+  uint2 keep[kRowsTokens][kRowsVectors];
+};
+
+template <typename T, int kRank, bool kMask>
+__global__ void __launch_bounds__(kRowsThreads, kRank <= 16 ? 4 : 3)
     rows_times_adapter_kernel(AdapterRows x, AdapterMatrix w, int rank, int chunk, float alpha,
                               float* out, float* partial) {
-  __shared__ float4 tile[kRowsStep][kRank / 4];
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x;
+  constexpr int kTileLoads = kRowsStep * kRank / kRowsThreads;
+  __shared__ float4 tile[2][kRowsStep][kRank / 4];
   const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * chunk;
   const int64_t k_end = k_begin + chunk < x.features ? k_begin + chunk : x.features;
-  const bool active = t < x.tokens;
-  const T* row = static_cast<const T*>(x.data) + t * x.features;
-  float acc[kRank] = {};
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowsStep) {
-    __syncthreads();
-    // The tile is read along W's contiguous dimension (features for lora_A, ranks for
-    // lora_B), so the loads coalesce.
-    float* flat = reinterpret_cast<float*>(tile);
-    for (int i = threadIdx.x; i < kRowsStep * kRank; i += kRowsThreads) {
-      const bool features_fastest = w.stride_k == 1;
-      const int e = features_fastest ? i % kRowsStep : i / kRank;
-      const int j = features_fastest ? i / kRowsStep : i % kRank;
+  int64_t token[kRowsTokens];
+  bool active[kRowsTokens];
+#pragma unroll
+  for (int i = 0; i < kRowsTokens; ++i) {
+    token[i] = static_cast<int64_t>(blockIdx.x) * kRowsBlockTokens + i * kRowsThreads + threadIdx.x;
+    active[i] = token[i] < x.tokens;
+  }
+  // The tile is read along W's contiguous dimension (features for lora_A, ranks for lora_B),
+  // so the loads coalesce; element i of a thread's share is (feature e, rank j).
+  const bool features_fastest = w.stride_k == 1;
+  auto tile_index = [&](int l, int& e, int& j) {
+    const int i = threadIdx.x + l * kRowsThreads;
+    e = features_fastest ? i % kRowsStep : i / kRank;
+    j = features_fastest ? i / kRowsStep : i % kRank;
+  };
+  auto load_w = [&](int64_t k0, float(&v)[kTileLoads]) {
+#pragma unroll
+    for (int l = 0; l < kTileLoads; ++l) {
+      int e, j;
+      tile_index(l, e, j);
       const int64_t k = k0 + e;
-      flat[e * kRank + j] = j < rank && k < k_end ? w.data[j * w.stride_j + k * w.stride_k] : 0.0f;
+      v[l] = j < rank && k < k_end ? w.data[j * w.stride_j + k * w.stride_k] : 0.0f;
     }
-    __syncthreads();
-    if (!active) continue;
-    // The step's eight 16-byte loads issued before any use: loading and using each vector in
-    // turn serialised eight memory latencies per step.
-    uint4 raw[kRowsStep / 8];
-    uint2 keep[kRowsStep / 8];
+  };
+  auto store_w = [&](int buffer, const float(&v)[kTileLoads]) {
+    float* flat = reinterpret_cast<float*>(tile[buffer]);
 #pragma unroll
-    for (int s = 0; s < kRowsStep / 8; ++s) {
-      const int64_t k = k0 + 8 * s;
-      const bool in = k < k_end;  // features are a multiple of 8; W's tile is 0 past k_end
-      raw[s] = in ? *reinterpret_cast<const uint4*>(row + k) : make_uint4(0u, 0u, 0u, 0u);
-      keep[s] = in && x.mask != nullptr
-                    ? *reinterpret_cast<const uint2*>(x.mask + t * x.features + k)
-                    : make_uint2(0x01010101u, 0x01010101u);
+    for (int l = 0; l < kTileLoads; ++l) {
+      int e, j;
+      tile_index(l, e, j);
+      flat[e * kRank + j] = v[l];
+    }
+  };
+  // Features are a multiple of 8 and W's tile is 0 past k_end; a token past the batch reads
+  // zeros and writes nothing.
+  auto load_x = [&](int64_t k0, RowsStep& step) {
+#pragma unroll
+    for (int i = 0; i < kRowsTokens; ++i) {
+#pragma unroll
+      for (int s = 0; s < kRowsVectors; ++s) {
+        const int64_t k = k0 + 8 * s;
+        const bool in = active[i] && k < k_end;
+        const int64_t at = token[i] * x.features + k;
+        step.x[i][s] = in ? *reinterpret_cast<const uint4*>(static_cast<const T*>(x.data) + at)
+                          : make_uint4(0u, 0u, 0u, 0u);
+        if (kMask)
+          step.keep[i][s] = in ? *reinterpret_cast<const uint2*>(x.mask + at) : make_uint2(0u, 0u);
+      }
+    }
+  };
+
+  float acc[kRowsTokens][kRank] = {};
+  float w_next[kTileLoads];
+  RowsStep next;
+  load_w(k_begin, w_next);
+  store_w(0, w_next);
+  load_x(k_begin, next);
+  __syncthreads();
+  int buffer = 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowsStep, buffer ^= 1) {
+    const RowsStep step = next;
+    const bool more = k0 + kRowsStep < k_end;
+    if (more) {
+      load_w(k0 + kRowsStep, w_next);
+      load_x(k0 + kRowsStep, next);
     }
 #pragma unroll
-    for (int s = 0; s < kRowsStep / 8; ++s) {
-      float v[8];
-      load_values<T, 8>(reinterpret_cast<const T*>(&raw[s]), v);
-      if (x.mask != nullptr)
-        apply_mask<8>(reinterpret_cast<const uint8_t*>(&keep[s]), x.keep_scale, v);
+    for (int s = 0; s < kRowsVectors; ++s) {
+      float v[kRowsTokens][8];
+#pragma unroll
+      for (int i = 0; i < kRowsTokens; ++i) {
+        load_values<T, 8>(reinterpret_cast<const T*>(&step.x[i][s]), v[i]);
+        if (kMask)
+          apply_mask<8>(reinterpret_cast<const uint8_t*>(&step.keep[i][s]), x.keep_scale, v[i]);
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
 #pragma unroll
         for (int j = 0; j < kRank / 4; ++j) {
-          const float4 wj = tile[8 * s + e][j];
-          acc[4 * j] = fmaf(v[e], wj.x, acc[4 * j]);
-          acc[4 * j + 1] = fmaf(v[e], wj.y, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(v[e], wj.z, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(v[e], wj.w, acc[4 * j + 3]);
+          const float4 wj = tile[buffer][8 * s + e][j];
+#pragma unroll
+          for (int i = 0; i < kRowsTokens; ++i) {
+            acc[i][4 * j] = fmaf(v[i][e], wj.x, acc[i][4 * j]);
+            acc[i][4 * j + 1] = fmaf(v[i][e], wj.y, acc[i][4 * j + 1]);
+            acc[i][4 * j + 2] = fmaf(v[i][e], wj.z, acc[i][4 * j + 2]);
+            acc[i][4 * j + 3] = fmaf(v[i][e], wj.w, acc[i][4 * j + 3]);
+          }
         }
       }
     }
+    // The other buffer was last read before the previous barrier.
+    if (more) store_w(buffer ^ 1, w_next);
+    __syncthreads();
   }
-  if (!active) return;
   const bool direct = gridDim.y == 1;
-  float* dst = direct ? out + t * rank : partial + (blockIdx.y * x.tokens + t) * rank;
 #pragma unroll
-  for (int j = 0; j < kRank; ++j)
-    if (j < rank) dst[j] = direct ? alpha * acc[j] : acc[j];
+  for (int i = 0; i < kRowsTokens; ++i) {
+    if (!active[i]) continue;
+    float* dst =
+        direct ? out + token[i] * rank : partial + (blockIdx.y * x.tokens + token[i]) * rank;
+#pragma unroll
+    for (int j = 0; j < kRank; ++j)
+      if (j < rank) dst[j] = direct ? alpha * acc[i][j] : acc[i][j];
+  }
 }
 
 // out[i] = alpha * sum_s partial[s * n + i], s in order.
@@ -198,15 +261,19 @@ __global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a)
         w[j][c] = j < a.rank ? a.w.data[j * a.w.stride_j + (k + c) * a.w.stride_k] : 0.0f;
     }
   }
-  T* y = static_cast<T*>(a.y) + t0 * a.features + k;
-  const uint8_t* mask = a.mask != nullptr ? a.mask + t0 * a.features + k : nullptr;
+  // Pointers advance by a batch of rows: indexing each token from the block's origin cost
+  // about 15 integer instructions per access (64-bit products, rematerialised), 40% of the
+  // loop beside its FMAs.
+  const int64_t stride = a.features;
+  T* y = static_cast<T*>(a.y) + t0 * stride + k;
+  const uint8_t* mask = a.mask != nullptr ? a.mask + t0 * stride + k : nullptr;
   // kBatch tokens' loads issued before the first use: one load in flight per thread left
   // the kernel waiting on memory latency at a fraction of the bandwidth.
-  for (int b = 0; b < tokens; b += kAddBatch) {
+  for (int b = 0; b < tokens; b += kAddBatch, y += kAddBatch * stride) {
     float v[kAddBatch][kCols];
 #pragma unroll
     for (int i = 0; i < kAddBatch; ++i)
-      if (b + i < tokens) load_values<T, kCols>(y + (b + i) * a.features, v[i]);
+      if (b + i < tokens) load_values<T, kCols>(y + i * stride, v[i]);
 #pragma unroll
     for (int i = 0; i < kAddBatch; ++i) {
       if (b + i >= tokens) break;
@@ -222,10 +289,10 @@ __global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a)
           term[c] = fmaf(p.w, w[4 * j + 3][c], term[c]);
         }
       }
-      if (mask != nullptr) apply_mask<kCols>(mask + (b + i) * a.features, 1.0f, term);
+      if (mask != nullptr) apply_mask<kCols>(mask + (b + i) * stride, 1.0f, term);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) v[i][c] = fmaf(a.alpha, term[c], v[i][c]);
-      store_values<T, kCols>(y + (b + i) * a.features, v[i]);
+      store_values<T, kCols>(y + i * stride, v[i]);
     }
   }
 }
@@ -233,14 +300,22 @@ __global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a)
 // ---- O = alpha * P^T x --------------------------------------------------------------------
 // A thread owns 8 neighbouring features and kRankBlock ranks of one block of tokens
 // (outer_tokens): per token one 16-byte load of x and P's kRankBlock values from shared memory.
-// Token blocks are summed in order in a second pass, which also applies alpha and the strides.
+// The next kOuterBatch tokens' x is loaded while this batch is summed (loading and summing in
+// turn left the kernel waiting on memory: SM 39% under Nsight). Token blocks are summed in
+// order in a second pass, which also applies alpha and the strides.
 constexpr int kOuterThreads = 128;
 constexpr int kOuterMaxTokens = 256;  // tokens per block at most; a multiple of kOuterBatch
 constexpr int kOuterMinTokens = 32;
-constexpr int kOuterBatch = 4;  // 8: 156 registers, 3 blocks per SM, up to 1.9x the time
+constexpr int kOuterBatch = 4;
 
-template <typename T, int kRankBlock>
-__global__ void __launch_bounds__(kOuterThreads)
+// A batch of a thread's x: one 16-byte vector per token and, with dropout, its mask bytes.
+struct OuterBatch {
+  uint4 x[kOuterBatch];
+  uint2 keep[kOuterBatch];
+};
+
+template <typename T, int kRankBlock, bool kMask>
+__global__ void __launch_bounds__(kOuterThreads, 4)
     outer_product_kernel(AdapterRows x, const float* p, int rank, int block_tokens,
                          float* partial) {
   __shared__ float4 p_tile[kOuterMaxTokens][kRankBlock / 4];
@@ -256,31 +331,38 @@ __global__ void __launch_bounds__(kOuterThreads)
   __syncthreads();
   if (k >= x.features) return;
   const T* row = static_cast<const T*>(x.data) + t0 * x.features + k;
-  const uint8_t* mask = x.mask != nullptr ? x.mask + t0 * x.features + k : nullptr;
-  float acc[kRankBlock][8] = {};
-  for (int b = 0; b < tokens; b += kOuterBatch) {
-    float v[kOuterBatch][8];  // loads issued before the first use, as in add_low_rank
+  const uint8_t* mask = kMask ? x.mask + t0 * x.features + k : nullptr;
+  // Tokens past the block read zeros; P is zero there too.
+  auto load = [&](int b, OuterBatch& batch) {
 #pragma unroll
     for (int i = 0; i < kOuterBatch; ++i) {
-      if (b + i < tokens) {
-        load_values<T, 8>(row + (b + i) * x.features, v[i]);
-        if (mask != nullptr) apply_mask<8>(mask + (b + i) * x.features, x.keep_scale, v[i]);
-      } else {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) v[i][c] = 0.0f;  // P is zero there too
-      }
+      const bool in = b + i < tokens;
+      const int64_t at = static_cast<int64_t>(b + i) * x.features;
+      batch.x[i] = in ? *reinterpret_cast<const uint4*>(row + at) : make_uint4(0u, 0u, 0u, 0u);
+      if (kMask)
+        batch.keep[i] = in ? *reinterpret_cast<const uint2*>(mask + at) : make_uint2(0u, 0u);
     }
+  };
+  float acc[kRankBlock][8] = {};
+  OuterBatch next;
+  load(0, next);
+  for (int b = 0; b < tokens; b += kOuterBatch) {
+    const OuterBatch batch = next;
+    if (b + kOuterBatch < tokens) load(b + kOuterBatch, next);
 #pragma unroll
     for (int i = 0; i < kOuterBatch; ++i) {
+      float v[8];
+      load_values<T, 8>(reinterpret_cast<const T*>(&batch.x[i]), v);
+      if (kMask) apply_mask<8>(reinterpret_cast<const uint8_t*>(&batch.keep[i]), x.keep_scale, v);
 #pragma unroll
       for (int j = 0; j < kRankBlock / 4; ++j) {
         const float4 pj = p_tile[b + i][j];
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-          acc[4 * j][c] = fmaf(pj.x, v[i][c], acc[4 * j][c]);
-          acc[4 * j + 1][c] = fmaf(pj.y, v[i][c], acc[4 * j + 1][c]);
-          acc[4 * j + 2][c] = fmaf(pj.z, v[i][c], acc[4 * j + 2][c]);
-          acc[4 * j + 3][c] = fmaf(pj.w, v[i][c], acc[4 * j + 3][c]);
+          acc[4 * j][c] = fmaf(pj.x, v[c], acc[4 * j][c]);
+          acc[4 * j + 1][c] = fmaf(pj.y, v[c], acc[4 * j + 1][c]);
+          acc[4 * j + 2][c] = fmaf(pj.z, v[c], acc[4 * j + 2][c]);
+          acc[4 * j + 3][c] = fmaf(pj.w, v[c], acc[4 * j + 3][c]);
         }
       }
     }
@@ -325,16 +407,13 @@ int64_t clamp(int64_t v, int64_t low, int64_t high) {
 // alone, never on the GPU: a sum is split, and rounded, the same way on every device.
 constexpr int64_t kTargetBlocks = 512;
 
-// Features per block of rows_times_adapter: a multiple of kRowsStep. At rank 32 (151
-// registers, three blocks per SM) half the blocks: 512 ran in two waves on an H200 and made
-// rank 32 slower at 8192 tokens than one wave of 256.
-int rows_chunk(int64_t tokens, int64_t features, int rank) {
-  const int64_t target = rank <= 16 ? kTargetBlocks : kTargetBlocks / 2;
-  // At least one block of tokens: the workspace is sized before an empty batch returns.
+// Features per block of rows_times_adapter: a multiple of kRowsStep.
+int rows_chunk(int64_t tokens, int64_t features) {
   // At least one block of tokens: the glue sizes the workspace before an empty batch returns.
-  const int64_t chunks = ceil_div(target, std::max<int64_t>(ceil_div(tokens, kRowsThreads), 1));
+  const int64_t token_blocks = std::max<int64_t>(ceil_div(tokens, kRowsBlockTokens), 1);
+  const int64_t chunks = ceil_div(kTargetBlocks, token_blocks);
   const int64_t chunk = ceil_div(ceil_div(features, chunks), kRowsStep) * kRowsStep;
-  return static_cast<int>(clamp(chunk, kRowsStep, kRowsMaxChunk));
+  return static_cast<int>(clamp(chunk, kRowsMinChunk, kRowsMaxChunk));
 }
 
 // Eight ranks per block: 64 accumulators per thread leave room for four blocks per SM; a
@@ -353,11 +432,15 @@ int outer_tokens(int64_t tokens, int64_t features, int rank) {
 
 template <typename T>
 void rows_times_typed(const RowsTimesAdapter& a, cudaStream_t stream) {
-  const int chunk = rows_chunk(a.x.tokens, a.x.features, a.rank);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.x.tokens, kRowsThreads)),
+  const int chunk = rows_chunk(a.x.tokens, a.x.features);
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.x.tokens, kRowsBlockTokens)),
                   static_cast<unsigned>(ceil_div(a.x.features, chunk)));
   const int r = a.rank <= 16 ? 16 : padded_rank(a.rank);  // tiles of 4 ranks, at least 16
-  const auto kernel = r == 16 ? rows_times_adapter_kernel<T, 16> : rows_times_adapter_kernel<T, 32>;
+  const bool mask = a.x.mask != nullptr;
+  const auto kernel = r == 16 ? (mask ? rows_times_adapter_kernel<T, 16, true>
+                                      : rows_times_adapter_kernel<T, 16, false>)
+                              : (mask ? rows_times_adapter_kernel<T, 32, true>
+                                      : rows_times_adapter_kernel<T, 32, false>);
   kernel<<<grid, kRowsThreads, 0, stream>>>(a.x, a.w, a.rank, chunk, a.alpha, a.out, a.workspace);
   if (grid.y > 1) {
     const int64_t n = a.x.tokens * a.rank;
@@ -384,8 +467,9 @@ void outer_product_typed(const OuterProductSum& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(a.rank, kOuterRankBlock)),
                   static_cast<unsigned>(ceil_div(a.x.features, int64_t{kOuterThreads} * 8)),
                   static_cast<unsigned>(ceil_div(a.x.tokens, block_tokens)));
-  outer_product_kernel<T, kOuterRankBlock>
-      <<<grid, kOuterThreads, 0, stream>>>(a.x, a.p, a.rank, block_tokens, a.workspace);
+  const auto kernel = a.x.mask != nullptr ? outer_product_kernel<T, kOuterRankBlock, true>
+                                          : outer_product_kernel<T, kOuterRankBlock, false>;
+  kernel<<<grid, kOuterThreads, 0, stream>>>(a.x, a.p, a.rank, block_tokens, a.workspace);
   const int64_t plane = static_cast<int64_t>(a.rank) * a.x.features;
   sum_outer_kernel<<<static_cast<unsigned>(ceil_div(plane, 256)), 256, 0, stream>>>(
       a.workspace, static_cast<int>(grid.z), a.rank, a.x.features, a.alpha, a.out, a.out_stride_j,
@@ -395,14 +479,14 @@ void outer_product_typed(const OuterProductSum& a, cudaStream_t stream) {
 bool valid(const AdapterRows& x, int rank) {
   return x.features % 8 == 0 && rank >= 1 && rank <= kAdapterMaxRank &&
          (x.type == ElementType::kFloat16 || x.type == ElementType::kBFloat16) &&
-         x.tokens < (int64_t{1} << 31) * kRowsThreads &&
+         x.tokens < (int64_t{1} << 31) * kRowsBlockTokens &&
          ceil_div(x.tokens, kOuterMaxTokens) <= 65535;
 }
 
 }  // namespace
 
 int64_t rows_times_adapter_workspace(int64_t tokens, int64_t features, int rank) {
-  const int64_t chunks = ceil_div(features, rows_chunk(tokens, features, rank));
+  const int64_t chunks = ceil_div(features, rows_chunk(tokens, features));
   return chunks > 1 ? chunks * tokens * rank : 0;
 }
 
