@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "dequant_cuda_launch.h"
 #include "dequant_fault_modes.h"
 #include "packed_bits.h"
@@ -47,6 +49,11 @@ struct OutOctHalf {
       const Pair pair = kRound(v[2 * c], v[2 * c + 1]);
       bits[c] = *reinterpret_cast<const uint32_t*>(&pair);
     }
+    store_bits(p, bits, wide, second);
+  }
+  // Four pairs already rounded (the paired path).
+  static __device__ __forceinline__ void store_bits(Out* p, const uint32_t (&bits)[kCols / 2],
+                                                    bool wide, bool second) {
     if (wide) {
       __stcs(reinterpret_cast<uint4*>(p), make_uint4(bits[0], bits[1], bits[2], bits[3]));
       return;
@@ -173,6 +180,83 @@ __device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift
   }
 }
 
+// A group's parameters for the thread's eight columns: as fp32 values, or as four pairs of
+// 16-bit patterns for the paired path (GroupPairs).
+struct GroupFloats {
+  float zero[kCols], scale[kCols];
+};
+struct GroupPairs {
+  uint32_t zero[kCols / 2], scale[kCols / 2];
+};
+
+template <int kBits>
+__device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift,
+                                             uint32_t zero_bits, bool bf16_scales, GroupFloats& p) {
+  decode_group<kBits>(w, zero_shift, zero_bits, bf16_scales, p.zero, p.scale);
+}
+
+// Paired arithmetic: when the scales and the output are both fp16, or both bf16 with codes
+// of at most 4 bits, a pair of columns is computed with one half2 subtract and one half2
+// multiply where the fp32 path takes two conversions, two subtracts, two multiplies and a
+// rounding pack. The value is the same bit for bit: a code and a zero point become 16-bit
+// floats by their bits (kPairMagic + field, below 1024 for fp16 and 128 for bf16), their
+// difference is a small integer and exact, and scale * difference (at most 11 + 9
+// significant bits) is exact in fp32, so rounding it once to 16 bits there or in the half2
+// multiply gives the same result.
+template <typename Out>
+constexpr uint32_t kPairMagic = std::is_same_v<Out, __half> ? 0x6400u : 0x4300u;  // 1024, 128
+template <int kBits, typename Out>
+constexpr bool kPairs = !std::is_same_v<Out, float> && (std::is_same_v<Out, __half> || kBits <= 4);
+
+// Two fields of kBits at bit `shift` of `first` and of `second` (2, 4 or 8 bits: a field
+// never leaves its byte) as the low and high 16-bit halves of one word: one byte permute
+// gathers both fields' bytes, one shift and one mask finish.
+template <int kBits>
+__device__ __forceinline__ uint32_t field_pair(uint32_t first, uint32_t second, int shift) {
+  static_assert(8 % kBits == 0);
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int byte = shift >> 3;
+  const uint32_t gathered = __byte_perm(first, second, byte | (byte + 4) << 8);
+  return (gathered >> (shift & 7)) & (kMask | kMask << 16);
+}
+
+template <int kBits>
+__device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift,
+                                             uint32_t zero_pair_bits, bool, GroupPairs& p) {
+  uint32_t low = w.zero_low, high = w.zero_high;
+  if constexpr (kBits == 2) low >>= zero_shift;
+  if constexpr (kBits == 3) low = __funnelshift_r(low, high, zero_shift);
+#pragma unroll
+  for (int c = 0; c < kCols; c += 2) {
+    const uint32_t word = kBits == 8 && c >= 4 ? high : low;
+    uint32_t fields;
+    if constexpr (kBits == 3) {
+      fields = (word >> (c * kBits)) & 7u;
+      fields |= ((word >> ((c + 1) * kBits)) & 7u) << 16;
+    } else {
+      fields = field_pair<kBits>(word, word >> kBits, c * kBits % 32);
+    }
+    p.zero[c / 2] = zero_pair_bits + fields;
+  }
+  p.scale[0] = w.scales.x, p.scale[1] = w.scales.y, p.scale[2] = w.scales.z,
+  p.scale[3] = w.scales.w;
+}
+
+__device__ __forceinline__ uint32_t pair_value(uint32_t scale, uint32_t code, uint32_t zero,
+                                               __half) {
+  const __half2 d =
+      __hsub2(*reinterpret_cast<const __half2*>(&code), *reinterpret_cast<const __half2*>(&zero));
+  const __half2 v = __hmul2_rn(*reinterpret_cast<const __half2*>(&scale), d);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t pair_value(uint32_t scale, uint32_t code, uint32_t zero,
+                                               __nv_bfloat16) {
+  const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&code),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&zero));
+  const __nv_bfloat162 v = __hmul2_rn(*reinterpret_cast<const __nv_bfloat162*>(&scale), d);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // One thread owns eight neighbouring columns of a block of rows: the per-row work that does
 // not depend on the column (group, bit position) is done once for all eight. Without
 // act-order a block's rows lie in one or two groups, whose parameters are loaded once.
@@ -190,11 +274,7 @@ __global__ void __launch_bounds__(kThreads)
                         int64_t N, int64_t G, bool v1, int fault) {
   constexpr int kRows = kRowsPerBlock<kBits>;
   constexpr int kWords = kRows * kBits / 32;
-#ifdef GRADSCOPE_DQ_BATCH
-  constexpr int kRowsPerBatch = GRADSCOPE_DQ_BATCH;
-#else
   constexpr int kRowsPerBatch = 4;
-#endif
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int rows = static_cast<int>(K - row0 < kRows ? K - row0 : kRows);
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCols;
@@ -246,8 +326,6 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!active) return;
   const int zero_shift = packed_bits::locate(n0, kBits).shift;
-  // A zero point z as the bits of 2^23 + z + offset (see kMagicBits); the offset is 0 to 2.
-  const uint32_t zero_bits = kMagicBits + dequant_faults::zero_offset(v1, fault);
   const bool wrong_column = fault == dequant_faults::kScalesWrongColumn;
   const int64_t next_column = n0 + kCols < N ? n0 + kCols : 0;
   const GroupColumns group_columns{qzeros + n0 * kBits / 32, scales + n0, scales + next_column,
@@ -257,15 +335,67 @@ __global__ void __launch_bounds__(kThreads)
   // Rows past K (a partial last block) are computed from zero words and not stored: a
   // predicated store, where a loop exit per row had multiplied the unrolled code.
   Out* row_out = kOutInLayout ? out + n0 * K + row0 : out + row0 * N + n0;
-  const auto emit_row = [&](int j, const float(&zero)[kCols], const float(&scale)[kCols]) {
+  const auto code = [&](int j, int c) {
     const int word = j * kBits >> 5, shift = j * kBits & 31;
+    const uint32_t high = keep_high ? words[c][word + 1] : 0u;
+    return packed_bits::read_field(words[c][word], high, shift, kBits);
+  };
+  // The block's rows: `group` holds a group's parameters as decoded for `emit_row`.
+  const auto emit_block = [&](auto group, uint32_t zero_bits, const auto& emit_row) {
+    if (group_changes == 0) {
+      // One group for the whole block (every block without act-order when the group size is
+      // a multiple of its rows): its parameters loaded and decoded once.
+      decode_group<kBits>(
+          load_group<kBits>(group_columns, groups[0], span, zero_shift, wrong_column), zero_shift,
+          zero_bits, bf16_scales, group);
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) emit_row(j, group);
+      return;
+    }
+#pragma unroll
+    for (int j0 = 0; j0 < kRows; j0 += kRowsPerBatch) {
+      GroupWords batch[kRowsPerBatch];  // rows past K read group 0, which exists
+#pragma unroll
+      for (int i = 0; i < kRowsPerBatch; ++i)
+        batch[i] = load_group<kBits>(group_columns, groups[j0 + i], span, zero_shift, wrong_column);
+#pragma unroll
+      for (int i = 0; i < kRowsPerBatch; ++i) {
+        decode_group<kBits>(batch[i], zero_shift, zero_bits, bf16_scales, group);
+        emit_row(j0 + i, group);
+      }
+    }
+  };
+  const uint32_t zero_offset = dequant_faults::zero_offset(v1, fault);
+  if constexpr (kPairs<kBits, Out> && !kOutInLayout) {
+    if (bf16_scales == std::is_same_v<Out, __nv_bfloat16>) {
+      const auto emit_pairs = [&](int j, const GroupPairs& group) {
+        uint32_t bits[kCols / 2];
+#pragma unroll
+        for (int c = 0; c < kCols / 2; ++c) {
+          uint32_t fields;
+          if constexpr (kBits == 3) {
+            fields = code(j, 2 * c) | code(j, 2 * c + 1) << 16;
+          } else {
+            const int word = j * kBits >> 5, shift = j * kBits & 31;
+            fields = field_pair<kBits>(words[2 * c][word], words[2 * c + 1][word], shift);
+          }
+          const uint32_t codes = kPairMagic<Out> * 0x10001u | fields;
+          bits[c] = pair_value(group.scale[c], codes, group.zero[c], Out{});
+        }
+        if (j < rows) {
+          OutOct<Out>::store_bits(row_out, bits, span.wide, span.second);
+          row_out += N;
+        }
+      };
+      emit_block(GroupPairs{}, (kPairMagic<Out> + zero_offset) * 0x10001u, emit_pairs);
+      return;
+    }
+  }
+  const auto emit_floats = [&](int j, const GroupFloats& group) {
     float value[kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const uint32_t high = keep_high ? words[c][word + 1] : 0u;
-      const uint32_t code = packed_bits::read_field(words[c][word], high, shift, kBits);
-      value[c] = scale[c] * (__uint_as_float(kMagicBits | code) - zero[c]);
-    }
+    for (int c = 0; c < kCols; ++c)
+      value[c] = group.scale[c] * (__uint_as_float(kMagicBits | code(j, c)) - group.zero[c]);
     if (j < rows) {
       if constexpr (kOutInLayout) {
 #pragma unroll
@@ -277,28 +407,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  float zero[kCols], scale[kCols];
-  if (group_changes == 0) {
-    // One group for the whole block (every block without act-order when the group size is a
-    // multiple of its rows): its parameters loaded and decoded once.
-    decode_group<kBits>(load_group<kBits>(group_columns, groups[0], span, zero_shift, wrong_column),
-                        zero_shift, zero_bits, bf16_scales, zero, scale);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) emit_row(j, zero, scale);
-    return;
-  }
-#pragma unroll
-  for (int j0 = 0; j0 < kRows; j0 += kRowsPerBatch) {
-    GroupWords batch[kRowsPerBatch];  // rows past K read group 0, which exists
-#pragma unroll
-    for (int i = 0; i < kRowsPerBatch; ++i)
-      batch[i] = load_group<kBits>(group_columns, groups[j0 + i], span, zero_shift, wrong_column);
-#pragma unroll
-    for (int i = 0; i < kRowsPerBatch; ++i) {
-      decode_group<kBits>(batch[i], zero_shift, zero_bits, bf16_scales, zero, scale);
-      emit_row(j0 + i, zero, scale);
-    }
-  }
+  // A zero point z as the bits of 2^23 + z + offset (see kMagicBits); the offset is 0 to 2.
+  emit_block(GroupFloats{}, kMagicBits + zero_offset, emit_floats);
 }
 
 template <int kBits, typename Out>
