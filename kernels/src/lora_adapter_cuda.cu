@@ -221,13 +221,16 @@ __global__ void sum_chunks_kernel(const float* partial, int chunks, int64_t n, f
 // ---- y += alpha * mask * (P W) ------------------------------------------------------------
 // A thread owns kCols neighbouring features and holds W's [rank, kCols] slice of them in
 // registers (64 values whatever the rank); it walks kAddTokens tokens, reading P's row from
-// shared memory (a broadcast).
+// shared memory (a broadcast). At ranks 16 and 32 the registers are held to 128, four blocks
+// per SM: at 132 (three blocks) Nsight showed 17% occupancy and the kernel no faster than
+// before the pointer rework below. Rank 8's eight columns need more.
 constexpr int kAddThreads = 128;
 constexpr int kAddTokens = 64;
 constexpr int kAddBatch = 8;
 
 template <typename T, int kRank>
-__global__ void __launch_bounds__(kAddThreads) add_low_rank_kernel(AddLowRank a) {
+__global__ void __launch_bounds__(kAddThreads, kRank == 8 ? 1 : 4)
+    add_low_rank_kernel(AddLowRank a) {
   constexpr int kCols = 64 / kRank;
   __shared__ float4 p_tile[kAddTokens][kRank / 4];
   const int64_t k = (static_cast<int64_t>(blockIdx.x) * kAddThreads + threadIdx.x) * kCols;
