@@ -85,7 +85,9 @@ constexpr int kRowsTokens = 2;
 constexpr int kRowsBlockTokens = kRowsThreads * kRowsTokens;
 constexpr int kRowsStep = 16;  // features per tile of W
 constexpr int kRowsVectors = kRowsStep / 8;
-constexpr int kRowsMinChunk = 128;   // fewer features per block: more partial sums than x
+// Features per block at least: a chunk writes rank fp32 partial sums per token, at rank 32
+// and 128 features half the bytes it reads of x.
+constexpr int kRowsMinChunk = 128;
 constexpr int kRowsMaxChunk = 1024;  // features per block at most
 
 // One step of a thread's rows: 16-byte vectors of x and, with dropout, their mask bytes.
