@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "gradscope/dequant.h"
@@ -184,6 +185,58 @@ TEST(DequantCuda, MatchesTheCpuBitForBit) {
     }
   }
   EXPECT_EQ(configurations, 4 * 3 * 2 * 2 * 2 * 8 * 3 * 2);
+}
+
+// Scales at the edges of their dtype's range, against the CPU bit for bit: the largest finite
+// scale (products overflow to inf), the smallest normal and subnormal ones (subnormal
+// products, which a flush to zero would lose), signed zeros and ordinary values. These run
+// through the kernel's paired half2 path (scales and output of one type) as well as its fp32
+// path, whose results must agree.
+TEST(DequantCuda, ScalesAtTheEdgesOfTheirRangeMatchTheCpu) {
+  if (!built_with_cuda() || !at::hasCUDA()) {
+    if (std::getenv("GRADSCOPE_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA GPU or CUDA build";
+    GTEST_SKIP() << "needs a CUDA GPU";
+  }
+  at::manual_seed(47);
+  const auto edges = [](at::ScalarType dtype) {
+    const bool half = dtype == at::kHalf;
+    const double largest = half ? 65504.0 : std::ldexp(255.0, 120);
+    const double min_normal = std::ldexp(1.0, half ? -14 : -126);
+    const double min_subnormal = std::ldexp(1.0, half ? -24 : -133);
+    return at::tensor({largest, -largest, largest / 16, min_normal, min_subnormal,
+                       -3 * min_subnormal, min_normal / 4, -0.0, 0.0, 1.0, 0.1, -2.5},
+                      at::kDouble);
+  };
+  int configurations = 0;
+  for (int bits : {2, 3, 4, 8}) {
+    const int64_t K = 256, N = 160;  // whole packed words at every width
+    for (bool act_order : {false, true}) {
+      for (auto format : {ZeroPointFormat::kGptqV1, ZeroPointFormat::kGptqV2}) {
+        for (auto scale_dtype : {at::kHalf, at::kBFloat16}) {
+          auto w = random_layer(K, N, bits, 32, act_order, format, scale_dtype);
+          const auto edge = edges(scale_dtype);
+          w.scales = edge.index({at::arange(w.scales.numel()) % edge.numel()})
+                         .view(w.scales.sizes())
+                         .to(scale_dtype);
+          const auto w_cuda = w.to(at::kCUDA);
+          for (auto out : {at::kFloat, at::kHalf, at::kBFloat16}) {
+            for (auto layout : {DequantLayout::kInOut, DequantLayout::kOutIn}) {
+              const auto cpu = dequantize_gptq(w, out, layout);
+              const auto cuda = dequantize_gptq(w_cuda, out, layout).cpu();
+              ASSERT_TRUE(cuda.equal(cpu))
+                  << "bits " << bits << ", act-order " << act_order << ", " << to_string(format)
+                  << ", scales " << scale_dtype << ", out " << out << ", layout "
+                  << (layout == DequantLayout::kInOut ? "in-out" : "out-in") << ": "
+                  << cuda.ne(cpu).sum().item<int64_t>() << " of " << cpu.numel()
+                  << " elements differ";
+              ++configurations;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(configurations, 4 * 2 * 2 * 2 * 3 * 2);
 }
 
 }  // namespace
