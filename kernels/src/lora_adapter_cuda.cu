@@ -96,6 +96,8 @@ struct RowsStep {
   uint2 keep[kRowsTokens][kRowsVectors];
 };
 
+// Four blocks per SM at rank 16 (119-127 registers), three at rank 32 (161-168): the caps keep
+// the dropout variants, with their mask bytes in flight, from losing a block.
 template <typename T, int kRank, bool kMask>
 __global__ void __launch_bounds__(kRowsThreads, kRank <= 16 ? 4 : 3)
     rows_times_adapter_kernel(AdapterRows x, AdapterMatrix w, int rank, int chunk, float alpha,
@@ -319,6 +321,8 @@ struct OuterBatch {
   uint2 keep[kOuterBatch];
 };
 
+// Four blocks per SM: the batch loaded ahead took the dropout variant to 155-167 registers
+// (three blocks) without the cap; with it, 128 and no spills.
 template <typename T, int kRankBlock, bool kMask>
 __global__ void __launch_bounds__(kOuterThreads, 4)
     outer_product_kernel(AdapterRows x, const float* p, int rank, int block_tokens,
