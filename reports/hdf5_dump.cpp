@@ -282,79 +282,179 @@ std::map<std::string, std::string> read_attributes(hid_t object) {
   return out;
 }
 
-struct VisitState {
-  Dump* dump;
-  hid_t file;
-  std::string error;
-  size_t file_bytes = 0;
-  size_t decoded_bytes = 0;  // of every dataset read so far
-};
-
 size_t decoded_bytes_cap() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return size_t{8} << 30;
   return static_cast<size_t>(pages) * static_cast<size_t>(page) / 2;
 }
 
-herr_t visit(hid_t root, const char* name, const H5O_info_t* info, void* data) {
-  auto* state = static_cast<VisitState*>(data);
-  const std::string path = std::string("/") + (std::string(name) == "." ? "" : name);
-  if (info->type == H5O_TYPE_GROUP) {
-    const Handle g(H5Oopen(root, name, H5P_DEFAULT), H5Oclose);
-    if (g.ok()) state->dump->group_attributes[path] = read_attributes(g.get());
-    return 0;
-  }
-  if (info->type != H5O_TYPE_DATASET) return 0;
-  const Handle ds(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) {
-    state->error = "cannot open dataset " + path;
-    return -1;
-  }
-  const Handle space(H5Dget_space(ds.get()), H5Sclose);
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0 || rank > 8) {
-    state->error = "dataset " + path + " has rank " + std::to_string(rank) + " (corrupt file?)";
-    return -1;
-  }
-  std::vector<hsize_t> dims(rank);
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  DumpDataset d;
-  d.path = path;
-  // A corrupt extent must not become a huge allocation: deflate stores at most ~1032
-  // bytes per byte of file, so no dump dataset holds more elements than that.
-  const size_t max_elements = 1032 * std::max<size_t>(state->file_bytes, 1);
-  size_t count = 1;
-  for (auto v : dims) {
-    d.shape.push_back(static_cast<int64_t>(v));
-    if (v != 0 && count > max_elements / v) {
-      state->error = "dataset " + path + " claims more elements than a file of " +
-                     std::to_string(state->file_bytes) + " bytes can hold (corrupt file?)";
-      return -1;
+// The walk of a dump's groups, bounded on any file (docs/reports.md, "Limits of the reader").
+// HDF5's own H5Ovisit skips an object it has seen only when the object's header counts more
+// than one link, so a file whose group links back to its parent with a link count of 1 walks
+// forever; and it opens every object by its full path from the root, which is quadratic in the
+// nesting depth. This walk opens each child from its parent's handle, remembers every object
+// by its address, and stops at the first limit crossed.
+class DumpWalk {
+ public:
+  DumpWalk(Dump* dump, size_t file_bytes) : dump_(dump), file_bytes_(file_bytes) {}
+
+  // Returns the first reason the file is refused, or "" when the walk completed.
+  std::string walk(hid_t root) {
+    try {
+      H5O_info_t info;
+      if (H5Oget_info2(root, &info, H5O_INFO_BASIC) < 0) return "cannot read the root group";
+      seen_[info.addr] = "/";
+      ancestors_.push_back({info.addr, "/"});
+      group(root, "/", 0);
+    } catch (const Refusal& r) {
+      return r.what();
     }
-    count *= v;
+    return "";
   }
-  // A small compressed dataset can still decode to more than the machine holds: the reader
-  // keeps every value as fp64, and refuses (before allocating) a dump whose decoded values
-  // exceed half of physical memory.
-  state->decoded_bytes += count * sizeof(double);
-  if (state->decoded_bytes > decoded_bytes_cap()) {
-    state->error = "the datasets up to " + path + " decode to " +
-                   std::to_string(state->decoded_bytes >> 20) + " MiB, more than half of this " +
-                   "machine's memory (" + std::to_string(decoded_bytes_cap() >> 20) + " MiB)";
-    return -1;
+
+ private:
+  struct Refusal : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  struct Link {
+    std::string name;
+    H5L_type_t type;
+  };
+  struct Ancestor {
+    haddr_t addr;
+    std::string path;
+  };
+
+  static std::string child_path(const std::string& parent, const std::string& name) {
+    return (parent == "/" ? "" : parent) + "/" + name;
   }
-  d.values.resize(count);
-  if (count > 0 &&
-      H5Dread(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.values.data()) < 0) {
-    state->error = "cannot read dataset " + path + " (truncated or corrupt file?)";
-    return -1;
+
+  // The links of one group, in name order. Collected before any is opened, so no exception
+  // crosses libhdf5's iteration callback.
+  std::vector<Link> links_of(hid_t group, const std::string& path) {
+    struct Collect {
+      std::vector<Link>* links;
+      size_t budget;
+    };
+    std::vector<Link> links;
+    Collect collect{&links, kMaxDumpObjects - objects_};
+    auto cb = [](hid_t, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+      auto* c = static_cast<Collect*>(data);
+      if (c->links->size() >= c->budget) return 1;  // past the object limit: stop here
+      c->links->push_back({name, info->type});
+      return 0;
+    };
+    hsize_t index = 0;
+    if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &index, cb, &collect) < 0) {
+      throw Refusal("cannot list the links of group " + path + " (truncated or corrupt file?)");
+    }
+    if (links.size() >= collect.budget) {
+      throw Refusal("more than " + std::to_string(kMaxDumpObjects) +
+                    " objects (the reader's limit), reached in group " + path);
+    }
+    return links;
   }
-  const auto attrs = read_attributes(ds.get());
-  auto it = attrs.find("dtype");
-  d.dtype = it == attrs.end() ? "?" : it->second;
-  state->dump->datasets.push_back(std::move(d));
-  return 0;
-}
+
+  void group(hid_t g, const std::string& path, int depth) {
+    dump_->group_attributes[path] = read_attributes(g);
+    for (const auto& link : links_of(g, path)) {
+      ++objects_;
+      const std::string child = child_path(path, link.name);
+      if (link.name.empty() || link.name == "." || link.name.find('/') != std::string::npos) {
+        throw Refusal("group " + path + " holds a link named '" + link.name +
+                      "', not a plain name (corrupt file?)");
+      }
+      if (link.type != H5L_TYPE_HARD) {
+        throw Refusal(child + " is a " + (link.type == H5L_TYPE_SOFT ? "soft" : "external") +
+                      " link; a gradscope dump holds only hard links");
+      }
+      const Handle object(H5Oopen(g, link.name.c_str(), H5P_DEFAULT), H5Oclose);
+      H5O_info_t info;
+      if (!object.ok() || H5Oget_info2(object.get(), &info, H5O_INFO_BASIC) < 0) {
+        throw Refusal("cannot open " + child + " (truncated or corrupt file?)");
+      }
+      const auto [first, fresh] = seen_.emplace(info.addr, child);
+      if (!fresh) {
+        for (const auto& a : ancestors_) {
+          if (a.addr == info.addr) throw Refusal("group " + path + " links back to " + a.path);
+        }
+        throw Refusal(child + " is a second link to " + first->second +
+                      "; a gradscope dump links each object once");
+      }
+      if (info.type == H5O_TYPE_GROUP) {
+        if (depth + 1 > kMaxDumpDepth) {
+          throw Refusal("groups nested deeper than " + std::to_string(kMaxDumpDepth) +
+                        " levels (the reader's limit) at " + child);
+        }
+        ancestors_.push_back({info.addr, child});
+        group(object.get(), child, depth + 1);
+        ancestors_.pop_back();
+      } else if (info.type == H5O_TYPE_DATASET) {
+        dataset(object.get(), child);
+      } else {
+        throw Refusal(child + " is a named datatype; a gradscope dump holds only groups and " +
+                      "datasets");
+      }
+    }
+  }
+
+  void dataset(hid_t ds, const std::string& path) {
+    const Handle type(H5Dget_type(ds), H5Tclose);
+    const H5T_class_t cls = type.ok() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+    if (cls != H5T_INTEGER && cls != H5T_FLOAT) {
+      throw Refusal(
+          "dataset " + path + " holds " +
+          (cls == H5T_STRING ? std::string("strings") : std::string("non-numeric values")) +
+          "; a gradscope dump's datasets hold numbers");
+    }
+    const Handle space(H5Dget_space(ds), H5Sclose);
+    const int rank = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+    if (rank < 0 || rank > 8) {
+      throw Refusal("dataset " + path + " has rank " + std::to_string(rank) + " (corrupt file?)");
+    }
+    std::vector<hsize_t> dims(rank);
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    DumpDataset d;
+    d.path = path;
+    // A corrupt extent must not become a huge allocation: deflate stores at most ~1032
+    // bytes per byte of file, so no dump dataset holds more elements than that.
+    const size_t max_elements = 1032 * std::max<size_t>(file_bytes_, 1);
+    size_t count = 1;
+    for (auto v : dims) {
+      d.shape.push_back(static_cast<int64_t>(v));
+      if (v != 0 && count > max_elements / v) {
+        throw Refusal("dataset " + path + " claims more elements than a file of " +
+                      std::to_string(file_bytes_) + " bytes can hold (corrupt file?)");
+      }
+      count *= v;
+    }
+    // A small compressed dataset can still decode to more than the machine holds: the reader
+    // keeps every value as fp64, and refuses (before allocating) a dump whose decoded values
+    // exceed half of physical memory.
+    decoded_bytes_ += count * sizeof(double);
+    if (decoded_bytes_ > decoded_bytes_cap()) {
+      throw Refusal("the datasets up to " + path + " decode to " +
+                    std::to_string(decoded_bytes_ >> 20) + " MiB, more than half of this " +
+                    "machine's memory (" + std::to_string(decoded_bytes_cap() >> 20) + " MiB)");
+    }
+    d.values.resize(count);
+    if (count > 0 &&
+        H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.values.data()) < 0) {
+      throw Refusal("cannot read dataset " + path + " (truncated or corrupt file?)");
+    }
+    const auto attrs = read_attributes(ds);
+    auto it = attrs.find("dtype");
+    d.dtype = it == attrs.end() ? "?" : it->second;
+    dump_->datasets.push_back(std::move(d));
+  }
+
+  Dump* dump_;
+  size_t file_bytes_;
+  size_t decoded_bytes_ = 0;             // of every dataset read so far
+  size_t objects_ = 0;                   // links followed so far
+  std::map<haddr_t, std::string> seen_;  // object address -> the path it was first reached by
+  std::vector<Ancestor> ancestors_;      // the groups from the root to the one being walked
+};
 
 }  // namespace
 
@@ -480,13 +580,10 @@ Dump read_dump(const std::string& path) {
         (version == dump.attributes.end() ? std::string("missing") : "'" + version->second + "'") +
         "; this gradscope reads version " + expected_version + " (docs/reports.md)");
   }
-  VisitState state{&dump, file.get(), "", 0, 0};
   hsize_t file_bytes = 0;
   H5Fget_filesize(file.get(), &file_bytes);
-  state.file_bytes = file_bytes;
-  if (H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &state, H5O_INFO_BASIC) < 0) {
-    throw DumpError(path + ": " + (state.error.empty() ? "cannot walk the file" : state.error));
-  }
+  const std::string refused = DumpWalk(&dump, file_bytes).walk(file.get());
+  if (!refused.empty()) throw DumpError(path + ": " + refused);
   for (const auto& [group, attrs] : dump.group_attributes) {
     if (std::count(group.begin(), group.end(), '/') == 1 && group != "/" && attrs.count("kind")) {
       dump.cases.push_back(group.substr(1));

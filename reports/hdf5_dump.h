@@ -65,8 +65,15 @@ struct Dump {
   std::map<std::string, std::map<std::string, std::string>> group_attributes;
 };
 
-// Throws DumpError for a missing, unreadable, truncated or non-HDF5 file, or one
-// whose root does not say format = "gradscope-dump".
+// The reader's bounds (docs/reports.md): a file past any of them is refused, so that reading
+// ends in bounded time on any input. A dump written by gradscope nests at most six groups
+// (case, layer, module, projection, tensor, dataset) and holds a few objects per check.
+inline constexpr int kMaxDumpDepth = 32;
+inline constexpr size_t kMaxDumpObjects = 1000000;
+
+// Throws DumpError for a missing, unreadable, truncated or non-HDF5 file, one whose root does
+// not say format = "gradscope-dump", or one past the bounds above: a group that links back to
+// one of its ancestors, an object reached by two links, soft or external links.
 Dump read_dump(const std::string& path);
 
 inline constexpr const char* kDumpFormat = "gradscope-dump";

@@ -150,6 +150,74 @@ TEST(DumpTools, DiffOfADumpWithItselfFindsNothing) {
   EXPECT_EQ(r.tensors, 8);
 }
 
+// A valid dump changed through the HDF5 C API by `edit` (given the open file).
+template <typename Edit>
+std::string edited_dump_error(testing::TempDir& dir, const std::string& name, Edit&& edit) {
+  const auto path = dir.path(name);
+  write_dump(path, sample_report(), {});
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  EXPECT_GE(file, 0);
+  edit(file, "/" + sample_report().cases[0].id);
+  H5Fclose(file);
+  return dump_error(path);
+}
+
+// The walk is bounded on any file (docs/reports.md, "Limits of the reader"): every object
+// reached once, by hard links only, so a file that links a group back to its ancestor ends.
+TEST(Hdf5Dump, LinksThatMakeTheTreeAGraphAreRefused) {
+  testing::TempDir dir;
+  const auto cycle = edited_dump_error(dir, "cycle.h5", [](hid_t f, const std::string& c) {
+    EXPECT_GE(
+        H5Lcreate_hard(f, c.c_str(), f, (c + "/layer0/mlp/back").c_str(), H5P_DEFAULT, H5P_DEFAULT),
+        0);
+  });
+  const std::string c = "/" + sample_report().cases[0].id;
+  EXPECT_NE(cycle.find("cycle.h5: group " + c + "/layer0/mlp links back to " + c),
+            std::string::npos)
+      << cycle;
+  const auto twice = edited_dump_error(dir, "twice.h5", [](hid_t f, const std::string& c) {
+    EXPECT_GE(H5Lcreate_hard(f, (c + "/inputs/x").c_str(), f, (c + "/x_again").c_str(), H5P_DEFAULT,
+                             H5P_DEFAULT),
+              0);
+  });
+  EXPECT_NE(twice.find("is a second link to"), std::string::npos) << twice;
+  const auto soft = edited_dump_error(dir, "soft.h5", [](hid_t f, const std::string& c) {
+    EXPECT_GE(H5Lcreate_soft("/", f, (c + "/up").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+  });
+  EXPECT_NE(soft.find("/up is a soft link"), std::string::npos) << soft;
+  const auto deep = edited_dump_error(dir, "deep.h5", [](hid_t f, const std::string&) {
+    std::string path;
+    for (int level = 0; level <= kMaxDumpDepth; ++level) {
+      path += "/g";
+      const hid_t g = H5Gcreate2(f, path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      EXPECT_GE(g, 0);
+      H5Gclose(g);
+    }
+  });
+  EXPECT_NE(deep.find("groups nested deeper than 32 levels"), std::string::npos) << deep;
+}
+
+TEST(Hdf5Dump, ADatasetOfStringsIsNamedNotCalledCorrupt) {
+  testing::TempDir dir;
+  const auto strings = edited_dump_error(dir, "strings.h5", [](hid_t f, const std::string& c) {
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, 8);
+    const hsize_t n = 2;
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t ds = H5Dcreate2(f, (c + "/inputs/names").c_str(), type, space, H5P_DEFAULT,
+                                H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(ds, 0);
+    const char values[16] = "x\0\0\0\0\0\0\0dy\0\0\0\0\0";
+    H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Tclose(type);
+  });
+  EXPECT_NE(strings.find("/inputs/names holds strings; a gradscope dump's datasets hold numbers"),
+            std::string::npos)
+      << strings;
+}
+
 TEST(DumpTools, DiffNamesTheTensorsThatDiffer) {
   testing::TempDir dir;
   write_dump(dir.path("a.h5"), sample_report(), {});
