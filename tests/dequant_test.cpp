@@ -161,7 +161,7 @@ TEST(DequantCuda, MatchesTheCpuBitForBit) {
               w_cuda.scales = misaligned_copy(w.scales, at::kCUDA);
             }
             // Without fault switches (GRADSCOPE_WITH_FAULTS=OFF) there are none to compare.
-            for (int f = 0; kFaultSwitchesCompiled && f < static_cast<int>(Fault::kFloatViewCast);
+            for (int f = 0; fault_switches_linked() && f < static_cast<int>(Fault::kFloatViewCast);
                  ++f) {
               const ScopedFault fault(static_cast<Fault>(f));
               for (auto out : {at::kFloat, at::kHalf, at::kBFloat16}) {

@@ -35,7 +35,7 @@ TEST(LoraRunners, CleanKernelsPass) {
 
 TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
   testing::TempDir dir;
-  if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
+  if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kDropoutRescaleMissing);
   const auto r = run_captured({"run", dir.write("w.toml", kCases), "--quiet"});
   EXPECT_EQ(r.code, 1) << r.out;
@@ -46,7 +46,7 @@ TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
 
 TEST(LoraRunners, MissingScaleInDAFailsOnLoraAGrad) {
   testing::TempDir dir;
-  if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
+  if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraScaleMissingInDA);
   const auto r =
       run_captured({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp), "--quiet"});

@@ -48,7 +48,7 @@ TEST(ReportCli, AFaultyKernelsDumpDiffersOnTheTensorsItCorrupts) {
   const auto c = dir.write("c.toml", kCase);
   ASSERT_EQ(cli({"run", c, "--dump", dir.path("clean.h5"), "--quiet"}).code, 0);
   {
-    if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
+    if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
     const ScopedFault fault(Fault::kLoraScaleMissingInDA);
     EXPECT_EQ(cli({"run", c, "--dump", dir.path("faulty.h5"), "--quiet"}).code, 1);
   }
@@ -94,7 +94,7 @@ TEST(ReportCli, RegressionGateAgainstAnAcceptedReport) {
   EXPECT_EQ(same.code, 0) << same.out;
   EXPECT_NE(same.out.find("no regressions"), std::string::npos);
   {
-    if (!kFaultSwitchesCompiled) GTEST_SKIP() << "built without fault switches";
+    if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
     const ScopedFault fault(Fault::kDropoutRescaleMissing);
     const auto worse = cli({"run", c, "--against", dir.path("accepted.json"), "--quiet"});
     EXPECT_EQ(worse.code, 1);

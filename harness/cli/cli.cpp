@@ -93,6 +93,11 @@ struct SelectedCase {
 // The cases one command may select (each file holds at most 100000): the specs are kept in
 // memory, and a run of more would not finish anyway.
 constexpr size_t kMaxCasesPerRun = 1000000;
+// Where the switches are: the CLI and the tests link them; the Python package and the ops
+// library never do (docs/faults.md).
+constexpr const char* kNoSwitchesWhy =
+    "the gradscope program links them when configured with -DGRADSCOPE_WITH_FAULTS=ON; the "
+    "Python package and the ops library never carry them; docs/faults.md";
 
 std::vector<SelectedCase> select_cases(const Selection& sel) {
   std::vector<std::string> files = sel.files;
@@ -313,10 +318,9 @@ void check_run_outputs(const RunOutputs& o, const Selection& sel) {
     throw InputError("--against-factor must be at least 1, got " +
                      std::to_string(o.against_factor));
   }
-  if (!o.inject.empty() && !kFaultSwitchesCompiled) {
+  if (!o.inject.empty() && !fault_switches_linked()) {
     throw InputError("--inject " + o.inject +
-                     ": this build has no fault switches (configure with "
-                     "-DGRADSCOPE_WITH_FAULTS=ON; docs/faults.md)");
+                     ": this program has no fault switches (" + std::string(kNoSwitchesWhy) + ")");
   }
   if (!o.inject.empty() && !find_fault(o.inject)) {
     throw InputError("--inject " + o.inject + ": no such fault (gradscope faults lists them)");
@@ -830,10 +834,9 @@ int run_cli(int argc, const char* const* argv) {
     }
     if (show->parsed()) return command_show(show_file, show_path);
     if (faults->parsed()) {
-      if (!kFaultSwitchesCompiled) {
-        throw InputError(
-            "faults: this build has no fault switches (configure with "
-            "-DGRADSCOPE_WITH_FAULTS=ON; docs/faults.md)");
+      if (!fault_switches_linked()) {
+        throw InputError("faults: this program has no fault switches (" +
+                         std::string(kNoSwitchesWhy) + ")");
       }
       return command_faults();
     }

@@ -1,8 +1,5 @@
 #include "gradscope/faults.h"
 
-#include <atomic>
-#include <stdexcept>
-
 #include "dequant_fault_modes.h"
 
 namespace gradscope {
@@ -16,12 +13,6 @@ static_assert(static_cast<int>(Fault::kGroupBoundaryOffByOne) ==
 static_assert(static_cast<int>(Fault::kStraddleHighBitsDropped) ==
               dequant_faults::kStraddleHighBitsDropped);
 static_assert(static_cast<int>(Fault::kScalesWrongColumn) == dequant_faults::kScalesWrongColumn);
-
-#ifdef GRADSCOPE_WITH_FAULTS
-namespace {
-std::atomic<Fault> g_active{Fault::kNone};
-}  // namespace
-#endif
 
 const std::vector<FaultInfo>& fault_catalogue() {
   static const std::vector<FaultInfo> catalogue = {
@@ -96,21 +87,5 @@ const FaultInfo* find_fault(const std::string& name) {
   }
   return nullptr;
 }
-
-#ifdef GRADSCOPE_WITH_FAULTS
-void set_active_fault(Fault fault) {
-  g_active.store(fault, std::memory_order_relaxed);
-}
-Fault active_fault() {
-  return g_active.load(std::memory_order_relaxed);
-}
-#else
-void set_active_fault(Fault fault) {
-  if (fault != Fault::kNone) {
-    throw std::logic_error(
-        "this build has no fault switches (configure with -DGRADSCOPE_WITH_FAULTS=ON)");
-  }
-}
-#endif
 
 }  // namespace gradscope

@@ -35,5 +35,5 @@ PYBIND11_MODULE(_gradscope, m) {
   for (const auto& op : gradscope::kOpSchemas) schemas[op.name] = op.schema;
   m.attr("OP_SCHEMAS") = schemas;
   m.attr("OP_SCHEMA_VERSION") = gradscope::kOpSchemaVersion;
-  m.attr("FAULT_SWITCHES") = gradscope::kFaultSwitchesCompiled;
+  m.attr("FAULT_SWITCHES") = gradscope::fault_switches_linked();
 }

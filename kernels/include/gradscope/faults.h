@@ -1,8 +1,11 @@
 // Run-time fault switches: each turns one piece of production code into a known-
 // faulty variant without a rebuild, so the harness can prove it catches that bug
-// (docs/faults.md). Compiled in only with GRADSCOPE_WITH_FAULTS (the CMake option of that
-// name); then off by default and one relaxed atomic load at a switch point. Without it
-// fault_active() is constant false and the faulty variants are dead code.
+// (docs/faults.md). A program gets the switches when it is linked, not compiled: the CLI and
+// the tests link gradscope_fault_switches (under the CMake option GRADSCOPE_WITH_FAULTS), and
+// everything else, the ops library and the Python extension a user ships among them, the
+// kernels library's own no-switch definitions. So one set of objects serves both and the tree
+// is compiled once. With the switches a switch point is one relaxed atomic load; without them
+// active_fault() is kNone and set_active_fault refuses every fault.
 #pragma once
 
 #include <string>
@@ -51,24 +54,14 @@ struct FaultInfo {
   const char* caught_at;  // the check path (substring) a suite must fail on
 };
 
-#ifdef GRADSCOPE_WITH_FAULTS
-inline constexpr bool kFaultSwitchesCompiled = true;
-#else
-inline constexpr bool kFaultSwitchesCompiled = false;
-#endif
-
+// True in a program linked with gradscope_fault_switches.
+bool fault_switches_linked();
 const std::vector<FaultInfo>& fault_catalogue();
 // nullptr for an unknown name.
 const FaultInfo* find_fault(const std::string& name);
-// Throws std::logic_error for any fault but kNone on a build without the switches.
+// Throws std::logic_error for any fault but kNone in a program without the switches.
 void set_active_fault(Fault fault);
-#ifdef GRADSCOPE_WITH_FAULTS
 Fault active_fault();
-#else
-constexpr Fault active_fault() {
-  return Fault::kNone;
-}
-#endif
 inline bool fault_active(Fault fault) {
   return active_fault() == fault;
 }
