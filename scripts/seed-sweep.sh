@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# False-alarm sweep: runs a suite once per seed 1..N with correct kernels; every seed
-# must pass. Usage: seed-sweep.sh [N=20] [SUITE=smoke] [DEVICE=cpu]
+# False-alarm sweep: runs a suite once per seed with correct kernels; every seed must pass.
+# Usage: seed-sweep.sh [SEEDS=1-20] [SUITE=smoke] [DEVICE=cpu]; SEEDS is N (seeds 1..N) or
+# FIRST-LAST. CTest runs seeds 1-20 as two halves side by side, one thread each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${GRADSCOPE:-build/gradscope}
-N=${1:-20}
+SEEDS=${1:-1-20}
 SUITE=${2:-smoke}
 DEVICE=${3:-cpu}
+if [[ $SEEDS =~ ^([0-9]+)-([0-9]+)$ ]]; then
+  first=${BASH_REMATCH[1]} last=${BASH_REMATCH[2]}
+elif [[ $SEEDS =~ ^[0-9]+$ ]]; then
+  first=1 last=$SEEDS
+else
+  echo "seed-sweep.sh: SEEDS must be N or FIRST-LAST, got '$SEEDS'" >&2
+  exit 2
+fi
 failed=0
-for seed in $(seq 1 "$N"); do
+for seed in $(seq "$first" "$last"); do
   out=$("$BIN" run --suite "$SUITE" --device "$DEVICE" --seed "$seed" --quiet 2>&1)
   rc=$?
   echo "seed $seed: exit $rc, $(tail -n 1 <<<"$out")"
@@ -17,5 +26,6 @@ for seed in $(seq 1 "$N"); do
     grep -E "^FAIL|err\(prod\)|not bit-exact" <<<"$out" | head -n 20
   fi
 done
-echo "seed sweep of suite $SUITE on $DEVICE: $((N - failed)) of $N seeds passed"
+n=$((last - first + 1))
+echo "seed sweep of suite $SUITE on $DEVICE: $((n - failed)) of $n seeds ($first-$last) passed"
 ((failed == 0))

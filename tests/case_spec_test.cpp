@@ -170,6 +170,37 @@ TEST(CaseFile, CharactersTheTomlLibraryMishandlesAreRefused) {
       1u);
 }
 
+TEST(CaseFile, ControlCharactersAreRefusedBeforeTheTomlLibrarySeesThem) {
+  // TOML allows no control character but tab, LF and CR: named with line and column.
+  const std::string nul("seed = 1\n[\0x", 12);
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {nul, "c.toml:2:2: control character U+0000"},
+           {"kind = \"dequant\"\x1b\n", "c.toml:1:17: control character U+001B"},
+           {"# \x7f\n", "c.toml:1:3: control character U+007F"}}) {
+    try {
+      parse_case_text(text, "c.toml");
+      FAIL() << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  // Tabs and CRLF line ends are TOML.
+  EXPECT_EQ(parse_case_text("kind\t= \"dequant\"\r\nbits = 4\r\n", "t.toml").size(), 1u);
+}
+
+TEST(CaseFile, TableHeadersTheTomlLibraryAssumesCannotOccurAreMalformedTomlInEveryBuild) {
+  // The case-file fuzzer's find (toml++ issue #294): a header whose key starts with a character
+  // no key starts with reached an assertion, or in a clang release build an assumption.
+  for (const std::string text : {"[<\n", "[&", "kind = \"dequant\"\n[[[1]]]\n", "[[=\n"}) {
+    try {
+      parse_case_text(text, "h.toml");
+      FAIL() << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("malformed TOML"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CaseFile, TextAndFileLoadAlike) {
   TempDir dir;
   const std::string text = "kind = \"dequant\"\n[matrix]\nbits = [3, 4]\n";

@@ -1,7 +1,5 @@
 #include "harness/catalog/case_file.h"
 
-#include <toml++/toml.h>
-
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +9,7 @@
 #include "harness/catalog/runner_registry.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
+#include "harness/spec/toml_library.h"
 
 namespace gradscope {
 namespace {
@@ -236,6 +235,12 @@ bool toml_whitespace_table_hole(char32_t c) {
          (c >= 0xFB26 && c < 0xFEFF);
 }
 
+// TOML allows no control character but tab, newline and carriage return anywhere, comments
+// and strings included: refused here with the line and column, whatever toml++ would say.
+bool toml_forbidden_control(unsigned char c) {
+  return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F;
+}
+
 void refuse_unsafe_characters(std::string_view text, const std::string& path) {
   int line = 1, column = 1;
   for (size_t i = 0; i < text.size(); ++column) {
@@ -244,6 +249,14 @@ void refuse_unsafe_characters(std::string_view text, const std::string& path) {
     if (lead == '\n') {
       ++line;
       column = 0;
+    }
+    if (toml_forbidden_control(lead)) {
+      char code[16];
+      std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(lead));
+      throw InputError(path + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                       ": control character " + code +
+                       " (TOML allows only tab, newline and "
+                       "carriage return)");
     }
     if (length > 1 && lead >= 0xC2 && i + length <= text.size()) {
       char32_t c = lead & (0xFF >> (length + 1));
@@ -284,6 +297,9 @@ std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& 
   } catch (const toml::parse_error& e) {
     throw InputError(where(path, e.source()) + ":" + std::to_string(e.source().begin.column) +
                      ": malformed TOML: " + std::string(e.description()));
+  } catch (const TomlPreconditionFailed& e) {
+    throw InputError(path + ": malformed TOML (the TOML library stopped at its check '" +
+                     std::string(e.what()) + "')");
   }
   return cases_from_table(table, path);
 }

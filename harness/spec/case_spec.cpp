@@ -1,11 +1,10 @@
 #include "harness/spec/case_spec.h"
 
-#include <toml++/toml.h>
-
 #include <cmath>
 #include <sstream>
 
 #include "harness/common/input_error.h"
+#include "harness/spec/toml_library.h"
 
 namespace gradscope {
 
