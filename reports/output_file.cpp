@@ -41,12 +41,13 @@ extern "C" void remove_temporaries_and_reraise(int signal) {
   std::raise(signal);
 }
 
-// Handlers for the signals that end a run from outside; a signal the process was told to
-// ignore (nohup's SIGHUP) stays ignored, and a handler someone else installed stays.
+// Handlers for the signals that end a run from outside, SIGPIPE among them (a closed pipe on
+// standard output); a signal the process was told to ignore (nohup's SIGHUP, Python's
+// SIGPIPE) stays ignored, and a handler someone else installed stays.
 void install_handlers_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
       struct sigaction current {};
       if (::sigaction(signal, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) continue;
       struct sigaction handler {};

@@ -2,8 +2,8 @@
 // - A regular file, or a path that does not exist yet, appears whole or not at all: the
 //   content goes to a temporary created exclusively (mkstemp: O_EXCL, an unpredictable name)
 //   in the target's folder, every write and the close are checked, and the temporary is
-//   renamed over the target. On an error, and on SIGINT, SIGTERM or SIGHUP, the temporary
-//   is removed.
+//   renamed over the target. On an error, and on SIGINT, SIGTERM, SIGHUP or SIGPIPE (the
+//   reader of standard output went away: `gradscope run ... | head`), the temporary is removed.
 // - A character device or a FIFO (/dev/null, /dev/stdout, a pipe) is written through, never
 //   replaced.
 // - Anything else (a folder, a socket, a missing folder) is refused.

@@ -10,8 +10,12 @@ TORCH_VERSION=2.11.0
 # h5py: the users' reader of dumps; safetensors: Hugging Face's checkpoint library. Tests
 # check both read what gradscope writes (and gradscope reads what safetensors writes).
 # pybind11 and scikit-build-core build the Python package (scripts/install-package.sh); peft
-# is the peer its adapter puts under test (python/gradscope/adapters/peft.py).
-PY_PACKAGES=(h5py safetensors pybind11 scikit_build_core peft)
+# (over transformers) is the peer its adapter puts under test (python/gradscope/adapters/peft.py).
+# Each is pinned, and what they pull in is held by scripts/python-constraints.txt, so a fresh
+# machine gets the versions the tests ran with.
+PY_PACKAGES=(h5py==3.16.0 safetensors==0.8.0 pybind11==3.1.0 scikit-build-core==1.1.2
+             transformers==5.24.0 peft==0.21.2)
+CONSTRAINTS="$(cd "$(dirname "$0")" && pwd)/python-constraints.txt"
 PYTHON=${PYTHON:-python3}
 
 missing=()
@@ -27,11 +31,16 @@ fi
 # LibTorch comes from the pinned PyPI wheel; CMake finds it through this interpreter.
 if ! "$PYTHON" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   echo "install-deps: pip install torch==$TORCH_VERSION"
-  "$PYTHON" -m pip install --quiet --root-user-action=ignore "torch==$TORCH_VERSION"
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
 fi
-for pkg in "${PY_PACKAGES[@]}"; do
-  if ! "$PYTHON" -c "import $pkg" 2>/dev/null; then
-    echo "install-deps: pip install $pkg"
-    "$PYTHON" -m pip install --quiet --root-user-action=ignore "$pkg"
+# A package counts as present only at its pinned version.
+py_missing=()
+for spec in "${PY_PACKAGES[@]}"; do
+  if ! "$PYTHON" -c "import sys, importlib.metadata as m; sys.exit(m.version('${spec%%==*}') != '${spec##*==}')" 2>/dev/null; then
+    py_missing+=("$spec")
   fi
 done
+if ((${#py_missing[@]})); then
+  echo "install-deps: pip install ${py_missing[*]}"
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore -c "$CONSTRAINTS" "${py_missing[@]}"
+fi

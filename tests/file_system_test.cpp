@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "harness/common/input_error.h"
 #include "test_files.h"
 
 namespace gradscope {
@@ -26,7 +27,8 @@ TEST(FileSystem, FindsFilesBySuffixRecursivelyInOrder) {
   EXPECT_FALSE(files::is_regular_file(dir.path("a")));
   EXPECT_TRUE(files::is_regular_file(dir.path("0.toml")));
   EXPECT_FALSE(files::is_directory(dir.path("missing")));
-  EXPECT_TRUE(files::find_files(dir.path("missing"), ".toml").empty());
+  // A folder that is not there is an error, not an empty list (a suite would run nothing).
+  EXPECT_THROW(files::find_files(dir.path("missing"), ".toml"), InputError);
 }
 
 TEST(FileSystem, TempDirIsPrivateAndRemoveTreeTakesEverything) {

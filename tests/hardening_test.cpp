@@ -169,11 +169,11 @@ TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
     const auto r = cli({"run", c, "--against", accepted, "--quiet"});
     EXPECT_EQ(r.code, 0) << replacement << "\n" << r.out << r.err;  // finite now: no regression
   }
-  const auto bad = dir.write("bad.json", R"({"tool": "gradscope", "cases": [{"checks": [
-      {"path": "p", "max_abs": "huge"}]}]})");
+  const auto bad = dir.write("bad.json", R"({"tool": "gradscope", "cases": [{"id": "c", "checks": [
+      {"path": "c/p", "status": "pass", "max_abs": "huge"}]}]})");
   const auto r = cli({"run", c, "--against", bad, "--quiet"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("p max_abs is \"huge\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("c/p max_abs is \"huge\""), std::string::npos) << r.err;
   // A field of another type where a string belongs (the fuzzer's first find).
   const auto foreign = dir.write("foreign.json", R"({"tool": 5742910490})");
   const auto f = cli({"run", c, "--against", foreign, "--quiet"});

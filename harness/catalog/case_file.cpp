@@ -241,14 +241,27 @@ bool toml_forbidden_control(unsigned char c) {
   return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F;
 }
 
+// toml++ 3.3.0 scans a value that may be a number or a date ahead by up to 127 characters and
+// then steps back over them, but counts an underscore as scanned without keeping it: a
+// date-like value padded with a hundred underscores steps back further than its history holds
+// (an assertion inside a noexcept function; with NDEBUG, wrong characters read back). No
+// case-file value needs more than a few underscores in a row of non-blank characters.
+constexpr int kMaxUnderscoresPerWord = 32;
+
 void refuse_unsafe_characters(std::string_view text, const std::string& path) {
-  int line = 1, column = 1;
+  int line = 1, column = 1, underscores = 0;
   for (size_t i = 0; i < text.size(); ++column) {
     const auto lead = static_cast<unsigned char>(text[i]);
     const size_t length = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
     if (lead == '\n') {
       ++line;
       column = 0;
+    }
+    underscores = lead == ' ' || lead == '\t' || lead == '\n' ? 0 : underscores + (lead == '_');
+    if (underscores > kMaxUnderscoresPerWord) {
+      throw InputError(path + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                       ": more than " + std::to_string(kMaxUnderscoresPerWord) +
+                       " underscores in one word (the TOML library mis-scans such values)");
     }
     if (toml_forbidden_control(lead)) {
       char code[16];

@@ -19,7 +19,7 @@ GptqCheckpoint::GptqCheckpoint(const std::string& dir) : dir_(dir) {
     dims_error_ = e.what();  // only `run --checkpoint` needs the dimensions
   }
   const std::string index = dir + "/model.safetensors.index.json";
-  if (files::is_regular_file(index)) {
+  if (files::exists(index)) {  // read, and refused if it is not a regular file
     const auto j = read_json_file(index);
     const auto map = j.find("weight_map");
     if (!j.is_object() || map == j.end() || !map->is_object()) {
@@ -36,11 +36,7 @@ GptqCheckpoint::GptqCheckpoint(const std::string& dir) : dir_(dir) {
       weight_map_[name] = dir + "/" + f;
     }
   } else {
-    const auto found = files::find_files(dir, ".safetensors");
-    std::vector<std::string> top;
-    for (const auto& f : found) {
-      if (files::parent_directory(f) == dir) top.push_back(f);
-    }
+    const auto top = files::find_files(dir, ".safetensors", files::Walk::kTopLevel);
     if (top.size() != 1) {
       throw InputError(dir +
                        ": expected model.safetensors.index.json or exactly one "

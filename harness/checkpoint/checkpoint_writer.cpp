@@ -123,8 +123,7 @@ void export_checkpoint(const ExportOptions& o) {
     report::write_output_file(tmp + "/config.json", config.dump(2) + "\n");
     if (::rename(tmp.c_str(), o.dir.c_str()) != 0) throw InputError("cannot create " + o.dir);
   } catch (...) {
-    for (const auto& f : files::find_files(tmp, "")) std::remove(f.c_str());
-    ::rmdir(tmp.c_str());
+    files::remove_tree(tmp);
     throw;
   }
 }

@@ -3,10 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
-#include <fstream>
+#include <optional>
 
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
+#include "harness/common/json_input.h"
 
 namespace gradscope {
 namespace {
@@ -16,80 +17,72 @@ using nlohmann::json;
 }  // namespace
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot read");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw InputError(path + ": not valid JSON: " + e.what());
-  }
+  return read_json_input_file(path);
 }
 
 namespace {
 
-// A key of the quantization config, looked up at the top level and under "meta".
-const json* config_key(const json& config, const std::string& key) {
-  if (auto it = config.find(key); it != config.end() && !it->is_null()) return &*it;
-  if (auto meta = config.find("meta"); meta != config.end() && meta->is_object()) {
-    if (auto it = meta->find(key); it != meta->end() && !it->is_null()) return &*it;
+// The keys that decide how the packed tensors decode.
+const char* const kQuantizeKeys[] = {"quant_method", "bits",          "group_size",
+                                     "desc_act",     "sym",           "static_groups",
+                                     "checkpoint_format"};
+
+// A key of the quantization config, at the top level or under "meta" (GPTQModel writes
+// both). A key given in both places with different values, or given as null, is refused:
+// either would make the checkpoint mean two things.
+const json* config_key(const json& config, const std::string& key, const std::string& file) {
+  const json* top = nullptr;
+  const json* meta = nullptr;
+  if (auto it = config.find(key); it != config.end()) top = &*it;
+  if (auto m = config.find("meta"); m != config.end() && m->is_object()) {
+    if (auto it = m->find(key); it != m->end()) meta = &*it;
   }
-  return nullptr;
+  for (const auto* v : {top, meta}) {
+    if (v && v->is_null()) {
+      throw InputError(file + ": key '" + std::string(v == meta ? "meta." : "") + key +
+                       "' is null; give a value or leave the key out");
+    }
+  }
+  if (top && meta && *top != *meta) {
+    throw InputError(file + ": key '" + key + "' is " + json_excerpt(*top) + " but meta." + key +
+                     " is " + json_excerpt(*meta));
+  }
+  return top ? top : meta;
 }
 
 template <typename T>
 T typed(const json& value, const std::string& where, const char* expected) {
-  const bool ok = std::is_same_v<T, bool>          ? value.is_boolean()
-                  : std::is_same_v<T, std::string> ? value.is_string()
-                                                   : value.is_number_integer();
-  if (!ok) throw InputError(where + " must be " + expected + ", got " + value.dump());
+  const bool ok = std::is_same_v<T, bool> ? value.is_boolean() : value.is_string();
+  if (!ok) throw InputError(where + " must be " + expected + ", got " + json_excerpt(value));
   return value.get<T>();
 }
 
-}  // namespace
-
-QuantizeConfig read_quantize_config(const std::string& dir) {
+QuantizeConfig parse_quantize_config(const json& config, const std::string& file) {
   QuantizeConfig q;
-  json config;
-  if (files::is_regular_file(dir + "/quantize_config.json")) {
-    q.file = dir + "/quantize_config.json";
-    config = read_json_file(q.file);
-  } else if (files::is_regular_file(dir + "/config.json")) {
-    const auto model = read_json_file(dir + "/config.json");
-    const auto it = model.find("quantization_config");
-    if (it == model.end() || !it->is_object()) {
-      throw InputError(dir +
-                       ": no quantize_config.json and config.json has no "
-                       "quantization_config object");
-    }
-    q.file = dir + "/config.json: quantization_config";
-    config = *it;
-  } else {
-    throw InputError(dir + ": not a GPTQ checkpoint (no quantize_config.json or config.json)");
-  }
+  q.file = file;
   if (!config.is_object()) throw InputError(q.file + ": not a JSON object");
   const auto at = [&](const std::string& key) { return q.file + ": key '" + key + "'"; };
-  if (const json* v = config_key(config, "quant_method")) {
+  const auto key = [&](const char* k) { return config_key(config, k, q.file); };
+  if (const json* v = key("quant_method")) {
     const auto method = typed<std::string>(*v, at("quant_method"), "a string");
     if (method != "gptq") throw InputError(at("quant_method") + " is '" + method + "', not 'gptq'");
   }
-  if (const json* v = config_key(config, "bits")) q.bits = typed<int>(*v, at("bits"), "an integer");
+  if (const json* v = key("bits")) q.bits = static_cast<int>(json_integer(*v, at("bits"), 2, 8));
   if (!is_supported_bits(q.bits)) {
     throw InputError(at("bits") + " is " + std::to_string(q.bits) + "; expected 2, 3, 4 or 8");
   }
-  if (const json* v = config_key(config, "group_size")) {
-    q.group_size = typed<int>(*v, at("group_size"), "an integer");
+  if (const json* v = key("group_size")) {
+    q.group_size = static_cast<int>(json_integer(*v, at("group_size"), -1, 1 << 30));
   }
-  if (q.group_size == 0 || q.group_size < -1) {
-    throw InputError(at("group_size") + " is " + std::to_string(q.group_size) +
-                     "; expected -1 or a positive size");
+  if (q.group_size == 0) {
+    throw InputError(at("group_size") + " is 0; expected -1 or a positive size");
   }
-  if (const json* v = config_key(config, "desc_act"))
-    q.desc_act = typed<bool>(*v, at("desc_act"), "a boolean");
-  if (const json* v = config_key(config, "sym")) q.sym = typed<bool>(*v, at("sym"), "a boolean");
-  if (const json* v = config_key(config, "static_groups")) {
+  if (const json* v = key("desc_act")) q.desc_act = typed<bool>(*v, at("desc_act"), "a boolean");
+  if (const json* v = key("sym")) q.sym = typed<bool>(*v, at("sym"), "a boolean");
+  if (const json* v = key("static_groups")) {
     q.static_groups = typed<bool>(*v, at("static_groups"), "a boolean");
   }
-  if (const json* v = config_key(config, "checkpoint_format")) {
+  if (const json* v = key("checkpoint_format")) {
     const auto name = typed<std::string>(*v, at("checkpoint_format"), "a string");
     try {
       q.format = parse_zero_point_format(name);
@@ -100,19 +93,69 @@ QuantizeConfig read_quantize_config(const std::string& dir) {
   return q;
 }
 
+}  // namespace
+
+QuantizeConfig read_quantize_config(const std::string& dir) {
+  const std::string quantize_file = dir + "/quantize_config.json";
+  const std::string model_file = dir + "/config.json";
+  // A name that exists is read (and refused if it is not a regular file), never skipped.
+  std::optional<json> model;
+  const json* embedded = nullptr;
+  if (files::exists(model_file)) {
+    model = read_json_file(model_file);
+    if (model->is_object()) {
+      if (auto it = model->find("quantization_config"); it != model->end()) {
+        if (!it->is_object()) {
+          throw InputError(model_file + ": key 'quantization_config' must be an object, got " +
+                           json_excerpt(*it));
+        }
+        embedded = &*it;
+      }
+    }
+  }
+  if (!files::exists(quantize_file)) {
+    if (!embedded) {
+      throw InputError(dir + (model ? ": no quantize_config.json and config.json has no "
+                                      "quantization_config object"
+                                    : ": not a GPTQ checkpoint (no quantize_config.json or "
+                                      "config.json)"));
+    }
+    return parse_quantize_config(*embedded, model_file + ": quantization_config");
+  }
+  const json quantize = read_json_file(quantize_file);
+  const QuantizeConfig q = parse_quantize_config(quantize, quantize_file);
+  if (embedded) {
+    // Both files describe the quantization: every key both give must agree.
+    const std::string other = model_file + ": quantization_config";
+    parse_quantize_config(*embedded, other);
+    for (const char* k : kQuantizeKeys) {
+      const json* a = config_key(quantize, k, quantize_file);
+      const json* b = config_key(*embedded, k, other);
+      if (a && b && *a != *b) {
+        throw InputError(quantize_file + ": key '" + k + "' is " + json_excerpt(*a) + " but " +
+                         other + " gives " + json_excerpt(*b));
+      }
+    }
+  }
+  return q;
+}
+
 ModelDims read_model_dims(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  if (!files::is_regular_file(path)) throw InputError(path + ": not found (model dimensions)");
+  if (!files::exists(path)) throw InputError(path + ": not found (model dimensions)");
   const auto config = read_json_file(path);
+  if (!config.is_object()) throw InputError(path + ": not a JSON object");
+  // Dimensions up to 2^20 (a million features, heads or layers) cover every model.
   const auto get = [&](const char* key, bool required, int64_t fallback) -> int64_t {
     const auto it = config.find(key);
-    if (it == config.end() || it->is_null()) {
+    if (it == config.end()) {
       if (required) throw InputError(path + ": missing key '" + key + "'");
       return fallback;
     }
-    const auto v = typed<int64_t>(*it, path + ": key '" + key + "'", "an integer");
-    if (v <= 0) throw InputError(path + ": key '" + key + "' must be positive");
-    return v;
+    if (it->is_null()) {
+      throw InputError(path + ": key '" + key + "' is null; give a value or leave the key out");
+    }
+    return json_integer(*it, path + ": key '" + key + "'", 1, int64_t{1} << 20);
   };
   ModelDims d;
   d.hidden = get("hidden_size", true, 0);

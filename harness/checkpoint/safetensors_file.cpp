@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/input_error.h"
+#include "harness/common/json_input.h"
 #include "reports/output_file.h"
 
 namespace gradscope::safetensors {
@@ -47,12 +48,10 @@ Header parse_header(const uint8_t* bytes, size_t size, const std::string& path) 
     fail(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) +
                    " bytes)");
   }
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
-  }
+  // Strict JSON (harness/common/json_input.h): a tensor named twice is refused, not "the last
+  // one wins".
+  const nlohmann::json json = parse_json_input(
+      std::string_view(reinterpret_cast<const char*>(bytes) + 8, n), path + ": header");
   if (!json.is_object()) fail(path, "header is not a JSON object");
   Header header;
   header.data_offset = 8 + n;
@@ -118,7 +117,8 @@ Header parse_header(const uint8_t* bytes, size_t size, const std::string& path) 
 }
 
 File::File(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a FIFO named as a shard must not block the open; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open (" + std::string(std::strerror(errno)) + ")");
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

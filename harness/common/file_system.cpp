@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+
+#include "harness/common/input_error.h"
 
 namespace gradscope::files {
 namespace {
@@ -58,19 +61,81 @@ std::vector<std::string> subdirectories(const std::string& dir) {
   return names;
 }
 
-std::vector<std::string> find_files(const std::string& dir, const std::string& suffix) {
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+struct Walker {
+  std::string suffix;
+  bool recursive;
+  std::map<std::pair<dev_t, ino_t>, std::string> folders;  // each folder walked, by identity
   std::vector<std::string> found;
-  for_each_entry(dir, [&](const std::string& name, const std::string& path) {
-    if (is_directory(path)) {
-      const auto inner = find_files(path, suffix);
-      found.insert(found.end(), inner.begin(), inner.end());
-    } else if (is_regular_file(path) && name.size() >= suffix.size() &&
-               name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+
+  bool wanted(const std::string& name) const {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+
+  void folder(const std::string& dir, const struct stat& st) {
+    const auto [it, fresh] = folders.emplace(std::make_pair(st.st_dev, st.st_ino), dir);
+    if (!fresh) {
+      throw InputError(dir + ": leads back to the folder " + it->second +
+                       " (a link to a folder already walked); folder links may not form loops");
+    }
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) throw InputError(dir + ": cannot list the folder: " + std::strerror(errno));
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) entry(dir + "/" + name, name);
+  }
+
+  void entry(const std::string& path, const std::string& name) {
+    struct stat link {};
+    if (::lstat(path.c_str(), &link) != 0) return;  // gone while walking
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      if (wanted(name)) {
+        throw InputError(path + ": " +
+                         (S_ISLNK(link.st_mode) ? std::string("a symbolic link to nothing")
+                                                : std::string(std::strerror(errno))));
+      }
+      return;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      if (recursive) folder(path, st);
+    } else if (wanted(name)) {
+      if (!S_ISREG(st.st_mode)) {
+        throw InputError(path + ": " + kind_of(st.st_mode) + ", not a regular file");
+      }
       found.push_back(path);
     }
-  });
-  std::sort(found.begin(), found.end());
-  return found;
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> find_files(const std::string& dir, const std::string& suffix,
+                                    Walk how) {
+  Walker walk{suffix, how == Walk::kRecursive, {}, {}};
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw InputError(dir + ": not a folder");
+  }
+  walk.folder(dir, st);
+  std::sort(walk.found.begin(), walk.found.end());
+  return walk.found;
 }
 
 std::string parent_directory(const std::string& path) {

@@ -18,8 +18,15 @@ bool exists(const std::string& path);
 void make_directory(const std::string& path);
 // Names of the folders directly inside `dir`, sorted.
 std::vector<std::string> subdirectories(const std::string& dir);
-// Paths of the regular files under `dir` (recursively) whose names end in `suffix`, sorted.
-std::vector<std::string> find_files(const std::string& dir, const std::string& suffix);
+// Paths of the files under `dir` (recursively) whose names end in `suffix`, sorted, by the one
+// rule of every folder walk (docs/cli.md, "What gradscope refuses"): a link to a file or a
+// folder is followed, but each folder is walked once, so a link back up (`up -> ..`) or a
+// second way into a folder is refused naming it; an entry whose name ends in `suffix` must be
+// a regular file (not a FIFO, a device or a dangling link); other entries are not looked at.
+// Throws InputError naming the entry. kTopLevel looks at `dir`'s own entries only.
+enum class Walk { kRecursive, kTopLevel };
+std::vector<std::string> find_files(const std::string& dir, const std::string& suffix,
+                                    Walk walk = Walk::kRecursive);
 // The folder a path names a file in ("." for a bare file name).
 std::string parent_directory(const std::string& path);
 // A new private folder under $TMPDIR (or /tmp) named <prefix>-XXXXXX; throws on failure.
