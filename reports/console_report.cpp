@@ -56,10 +56,13 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
   if (options.quiet && passed) return;
   double worst = 0;
   for (const auto& c : r.checks) worst = std::max(worst, c.max_abs);
-  const auto failed =
-      std::count_if(r.checks.begin(), r.checks.end(), [](const Check& c) { return !c.passed; });
+  // A check the case could not judge (out of range) is not a failed check.
+  const auto failed = std::count_if(r.checks.begin(), r.checks.end(),
+                                    [](const Check& c) { return !c.passed && !c.out_of_range; });
+  const auto not_judged = std::count_if(r.checks.begin(), r.checks.end(),
+                                        [](const Check& c) { return c.out_of_range; });
   char line[512];
-  std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs\n",
+  std::snprintf(line, sizeof line, "%s  %-60s %3zu checks  %3ld failed  max_abs %-9s %6.2fs",
                 passed               ? "PASS"
                 : r.invalid()        ? "INVALID"
                 : r.is_unsupported() ? "UNSUPPORTED"
@@ -67,6 +70,8 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
                 r.id.c_str(), r.checks.size(), static_cast<long>(failed),
                 format_number(worst).c_str(), r.seconds);
   out << line;
+  if (not_judged > 0) out << "  " << not_judged << " not judged";
+  out << '\n';
   if (r.invalid()) {
     out << "      not judged (exit 2): " << r.input_error << '\n';
   } else if (r.is_unsupported()) {
@@ -102,7 +107,7 @@ void print_summary(std::ostream& out, const RunReport& report) {
     int64_t passed = 0, failed = 0, invalid = 0, unsupported = 0;
   };
   std::map<std::string, Counts> by_kind;
-  int64_t checks = 0, failed_checks = 0;
+  int64_t checks = 0, failed_checks = 0, not_judged = 0;
   for (const auto& c : report.cases) {
     auto& counts = by_kind[c.kind];
     (c.passed()           ? counts.passed
@@ -111,7 +116,8 @@ void print_summary(std::ostream& out, const RunReport& report) {
                           : counts.failed) += 1;
     for (const auto& check : c.checks) {
       ++checks;
-      failed_checks += check.passed ? 0 : 1;
+      failed_checks += check.passed || check.out_of_range ? 0 : 1;
+      not_judged += check.out_of_range ? 1 : 0;
     }
   }
   out << "\n";
@@ -121,7 +127,10 @@ void print_summary(std::ostream& out, const RunReport& report) {
     if (counts.unsupported) out << ", " << counts.unsupported << " unsupported";
     out << "\n";
   }
-  out << "  checks: " << checks - failed_checks << " passed, " << failed_checks << " failed\n";
+  out << "  checks: " << checks - failed_checks - not_judged << " passed, " << failed_checks
+      << " failed";
+  if (not_judged) out << ", " << not_judged << " not judged";
+  out << "\n";
   out << report.passed() << " passed, " << report.failed() << " failed";
   if (report.invalid()) out << ", " << report.invalid() << " invalid (not judged: exit 2)";
   if (report.unsupported()) {

@@ -1,6 +1,7 @@
 #include "reports/hdf5_dump.h"
 
 #include <hdf5.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <sstream>
 #include <type_traits>
 #include <variant>
@@ -282,10 +284,17 @@ std::map<std::string, std::string> read_attributes(hid_t object) {
   return out;
 }
 
+// Half of what this process may hold: physical memory, or the address-space limit
+// (`ulimit -v`) where one is set and lower.
 size_t decoded_bytes_cap() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return size_t{8} << 30;
-  return static_cast<size_t>(pages) * static_cast<size_t>(page) / 2;
+  size_t memory = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
+                                        : size_t{16} << 30;
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    memory = std::min<size_t>(memory, limit.rlim_cur);
+  }
+  return memory / 2;
 }
 
 // The walk of a dump's groups, bounded on any file (docs/reports.md, "Limits of the reader").
@@ -434,13 +443,20 @@ class DumpWalk {
     decoded_bytes_ += count * sizeof(double);
     if (decoded_bytes_ > decoded_bytes_cap()) {
       throw Refusal("the datasets up to " + path + " decode to " +
-                    std::to_string(decoded_bytes_ >> 20) + " MiB, more than half of this " +
-                    "machine's memory (" + std::to_string(decoded_bytes_cap() >> 20) + " MiB)");
+                    std::to_string(decoded_bytes_ >> 20) + " MiB, more than half of the " +
+                    "memory this process may use (" + std::to_string(decoded_bytes_cap() >> 20) +
+                    " MiB)");
     }
-    d.values.resize(count);
+    try {
+      d.values.resize(count);
+    } catch (const std::bad_alloc&) {
+      throw Refusal("dataset " + path + " decodes to " + std::to_string((count * 8) >> 20) +
+                    " MiB of values: out of memory");
+    }
     if (count > 0 &&
         H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.values.data()) < 0) {
-      throw Refusal("cannot read dataset " + path + " (truncated or corrupt file?)");
+      throw Refusal("cannot read dataset " + path + " (" + std::to_string(count) +
+                    " values; truncated or corrupt file, or out of memory while decoding it)");
     }
     const auto attrs = read_attributes(ds);
     auto it = attrs.find("dtype");

@@ -1,5 +1,7 @@
 #include "reports/report_types.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -8,10 +10,14 @@ namespace gradscope::report {
 std::string format_spec_value(const SpecValue& value) {
   struct Formatter {
     std::string operator()(int64_t v) const { return std::to_string(v); }
+    // The shortest text that reads back as the same double: 1000001 is not "1e+06", and
+    // 0.99999999 is not "1" in a message that says the value is out of range.
     std::string operator()(double v) const {
-      std::ostringstream s;
-      s << v;
-      return s.str();
+      char buf[32];
+      const bool whole = std::abs(v) < 1e15 && v == std::trunc(v);
+      const auto r = whole ? std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed)
+                           : std::to_chars(buf, buf + sizeof buf, v);
+      return std::string(buf, r.ptr);
     }
     std::string operator()(bool v) const { return v ? "true" : "false"; }
     std::string operator()(const std::string& v) const { return v; }

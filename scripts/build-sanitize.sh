@@ -16,5 +16,5 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelW
   { cat "$BUILD_DIR/configure.log"; exit 1; }
 cmake --build "$BUILD_DIR" -j "$JOBS" --target gradscope_tests reference_tests gradscope \
   case_file_fuzzer dump_reader_fuzzer safetensors_header_fuzzer against_report_fuzzer \
-  checkpoint_config_fuzzer
+  checkpoint_config_fuzzer safetensors_index_fuzzer suite_walk_fuzzer
 echo "build-sanitize: $((SECONDS - start)) s"

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-sanitize}
 FUZZ_SECONDS=${FUZZ_SECONDS:-600}
 targets=("$@")
-((${#targets[@]})) || targets=(case_file dump_reader safetensors_header against_report checkpoint_config)
+((${#targets[@]})) || targets=(case_file dump_reader safetensors_header against_report checkpoint_config
+                               safetensors_index suite_walk)
 bash scripts/build-sanitize.sh || exit 1
 export ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

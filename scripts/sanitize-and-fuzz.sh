@@ -15,7 +15,8 @@ SCALE=${FUZZ_RUNS_SCALE:-1}
 # Mutations per target: about ten seconds each on the 2-core CI machine (the targets differ in
 # speed by thirty times; docs/performance.md has the measured rates).
 declare -A FUZZ_RUNS=([case_file]=60000 [dump_reader]=3000 [safetensors_header]=40000
-                      [against_report]=15000 [checkpoint_config]=12000)
+                      [against_report]=15000 [checkpoint_config]=12000 [safetensors_index]=10000
+                      [suite_walk]=1500)
 
 bash scripts/build-sanitize.sh
 
@@ -43,7 +44,8 @@ if ! "${fixed_addresses[@]}" true 2>/dev/null; then
   echo "sanitize-and-fuzz: setarch -R is not permitted here: the fuzz runs may differ run to run"
   fixed_addresses=()
 fi
-for target in case_file dump_reader safetensors_header against_report checkpoint_config; do
+for target in case_file dump_reader safetensors_header against_report checkpoint_config \
+              safetensors_index suite_walk; do
   fuzzer="$BUILD_DIR/tests/${target}_fuzzer"
   corpus="tests/fuzz/corpus/$target"
   log="$BUILD_DIR/${target}_fuzzer.log"

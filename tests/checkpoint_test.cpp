@@ -144,6 +144,11 @@ TEST(Safetensors, HeaderProblemsNameTheFileAndTensor) {
        "tensors 'a' and 'b' overlap in the data buffer"},
       {file_image(R"({"__metadata__": {"format": 1}})", data),
        "__metadata__.format is not a string"},
+      // A tensor named twice: readers disagree on which entry wins, so neither does.
+      {file_image(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                      "w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
+                  data),
+       "key \"w\" appears twice in one object"},
   };
   for (const auto& c : cases) {
     EXPECT_NE(header_error(c.image).find(c.expected), std::string::npos)

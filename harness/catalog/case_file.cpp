@@ -128,7 +128,8 @@ namespace {
 // A [matrix] multiplies: a few long axes would otherwise exhaust memory.
 constexpr size_t kMaxCasesPerFile = 100000;
 
-std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path) {
+std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path,
+                                       const FieldOrigins& origins) {
   const toml::node* kind_node = table.get("kind");
   if (kind_node && !kind_node->is_string()) {
     throw InputError(where(path, kind_node->source()) + ": key 'kind' must be a string, got " +
@@ -160,7 +161,8 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
   size_t expanded_count = 1;
   for (auto&& [key, node] : table) {
     const std::string name(key.str());
-    const std::string at = where(path, key.source());
+    const auto known = origins.find(name);
+    const std::string at = known != origins.end() ? known->second : where(path, key.source());
     if (name == "kind") continue;
     if (name == "description") {
       if (!node.is_string()) throw InputError(at + ": key 'description' must be a string");
@@ -302,7 +304,8 @@ std::vector<CaseSpec> load_case_file(const std::string& path) {
   return parse_case_text(text, path);
 }
 
-std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path) {
+std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path,
+                                      const FieldOrigins& origins) {
   refuse_unsafe_characters(text, path);
   toml::table table;
   try {
@@ -314,7 +317,7 @@ std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& 
     throw InputError(path + ": malformed TOML (the TOML library stopped at its check '" +
                      std::string(e.what()) + "')");
   }
-  return cases_from_table(table, path);
+  return cases_from_table(table, path, origins);
 }
 
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,

@@ -3,6 +3,7 @@
 // values are InputErrors naming the file, line and key.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,8 +17,12 @@ std::vector<FieldSpec> schema_for_kind(const std::string& kind);
 // Loads one case file; a [matrix] table of arrays expands into the cartesian
 // product. Each case is validated (field ranges and the runner's shape rules).
 std::vector<CaseSpec> load_case_file(const std::string& path);
-// The same for case-file text; `path` names it in errors and in CaseSpec::file.
-std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path);
+// The same for case-file text; `path` names it in errors and in CaseSpec::file. A case built
+// as text (from a checkpoint) names where each field's value came from in `origins` (field ->
+// "C/config.json (hidden_size)"), since a line of the generated text means nothing to a user.
+using FieldOrigins = std::map<std::string, std::string>;
+std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path,
+                                      const FieldOrigins& origins = {});
 // Applies a CLI override (--dtype/--device/--seed) and re-validates the case.
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
                     const std::string& flag);

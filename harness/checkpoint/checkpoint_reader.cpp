@@ -18,7 +18,7 @@ GptqCheckpoint::GptqCheckpoint(const std::string& dir) : dir_(dir) {
   } catch (const InputError& e) {
     dims_error_ = e.what();  // only `run --checkpoint` needs the dimensions
   }
-  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string index = dir + "/" + kCheckpointIndexFile;
   if (files::exists(index)) {  // read, and refused if it is not a regular file
     const auto j = read_json_file(index);
     const auto map = j.find("weight_map");

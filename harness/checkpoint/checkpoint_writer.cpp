@@ -68,64 +68,55 @@ void export_checkpoint(const ExportOptions& o) {
                      std::to_string(static_cast<int64_t>(memory / (1 << 30))) + " GiB");
   }
 
-  // An unpredictable name, created exclusively; renamed to the target once complete.
-  std::string tmp = o.dir + ".tmp.XXXXXX";
-  if (::mkdtemp(tmp.data()) == nullptr) throw InputError("cannot create a folder next to " + o.dir);
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::chmod(tmp.c_str(), 0777 & ~mask);
-  try {
-    std::vector<std::vector<safetensors::OutputTensor>> shards(o.shards);
-    for (int64_t layer = 0; layer < o.layers; ++layer) {
-      auto& shard = shards[layer * o.shards / o.layers];
-      for (const char* p : kProjections) {
-        const auto [in, out] = projection_shape(dims, p);
-        const std::string name = module_name(layer, p);
-        const auto packed = pack_gptq(quantize_seeded_layer(o.seed, name + ".", in, out, q), o.bits,
-                                      o.format, at::kHalf);
-        shard.push_back(to_safetensors(name + ".qweight", packed.qweight));
-        shard.push_back(to_safetensors(name + ".qzeros", packed.qzeros));
-        shard.push_back(to_safetensors(name + ".scales", packed.scales));
-        shard.push_back(to_safetensors(name + ".g_idx", packed.g_idx));
-      }
+  files::StagedFolder staged(o.dir);  // the checkpoint appears whole or not at all
+  const std::string& tmp = staged.path();
+  std::vector<std::vector<safetensors::OutputTensor>> shards(o.shards);
+  for (int64_t layer = 0; layer < o.layers; ++layer) {
+    auto& shard = shards[layer * o.shards / o.layers];
+    for (const char* p : kProjections) {
+      const auto [in, out] = projection_shape(dims, p);
+      const std::string name = module_name(layer, p);
+      const auto packed = pack_gptq(quantize_seeded_layer(o.seed, name + ".", in, out, q), o.bits,
+                                    o.format, at::kHalf);
+      shard.push_back(to_safetensors(name + ".qweight", packed.qweight));
+      shard.push_back(to_safetensors(name + ".qzeros", packed.qzeros));
+      shard.push_back(to_safetensors(name + ".scales", packed.scales));
+      shard.push_back(to_safetensors(name + ".g_idx", packed.g_idx));
     }
-    const std::map<std::string, std::string> meta = {{"format", "pt"},
-                                                     {"producer", "gradscope export"}};
-    if (o.shards == 1) {
-      safetensors::write_file(tmp + "/model.safetensors", shards[0], meta);
-    } else {
-      json weight_map = json::object();
-      for (int s = 0; s < o.shards; ++s) {
-        char file[64];
-        std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, o.shards);
-        for (const auto& t : shards[s]) weight_map[t.name] = file;
-        safetensors::write_file(tmp + "/" + file, shards[s], meta);
-      }
-      report::write_output_file(
-          tmp + "/model.safetensors.index.json",
-          json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump(2) + "\n");
-    }
-    json qc = {{"bits", o.bits},
-               {"group_size", o.group_size},
-               {"desc_act", o.desc_act},
-               {"sym", o.sym},
-               {"static_groups", o.static_groups},
-               {"checkpoint_format", to_string(o.format)},
-               {"quant_method", "gptq"}};
-    report::write_output_file(tmp + "/quantize_config.json", qc.dump(2) + "\n");
-    json config = {{"architectures", {"LlamaForCausalLM"}},
-                   {"model_type", "llama"},
-                   {"hidden_size", o.hidden},
-                   {"intermediate_size", o.intermediate},
-                   {"num_attention_heads", o.heads},
-                   {"num_key_value_heads", o.kv_heads},
-                   {"num_hidden_layers", o.layers}};
-    report::write_output_file(tmp + "/config.json", config.dump(2) + "\n");
-    if (::rename(tmp.c_str(), o.dir.c_str()) != 0) throw InputError("cannot create " + o.dir);
-  } catch (...) {
-    files::remove_tree(tmp);
-    throw;
   }
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"producer", "gradscope export"}};
+  if (o.shards == 1) {
+    safetensors::write_file(tmp + "/model.safetensors", shards[0], meta);
+  } else {
+    json weight_map = json::object();
+    for (int s = 0; s < o.shards; ++s) {
+      char file[64];
+      std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, o.shards);
+      for (const auto& t : shards[s]) weight_map[t.name] = file;
+      safetensors::write_file(tmp + "/" + file, shards[s], meta);
+    }
+    report::write_output_file(
+        tmp + "/model.safetensors.index.json",
+        json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump(2) + "\n");
+  }
+  json qc = {{"bits", o.bits},
+             {"group_size", o.group_size},
+             {"desc_act", o.desc_act},
+             {"sym", o.sym},
+             {"static_groups", o.static_groups},
+             {"checkpoint_format", to_string(o.format)},
+             {"quant_method", "gptq"}};
+  report::write_output_file(tmp + "/quantize_config.json", qc.dump(2) + "\n");
+  json config = {{"architectures", {"LlamaForCausalLM"}},
+                 {"model_type", "llama"},
+                 {"hidden_size", o.hidden},
+                 {"intermediate_size", o.intermediate},
+                 {"num_attention_heads", o.heads},
+                 {"num_key_value_heads", o.kv_heads},
+                 {"num_hidden_layers", o.layers}};
+  report::write_output_file(tmp + "/config.json", config.dump(2) + "\n");
+  staged.commit();
 }
 
 }  // namespace gradscope

@@ -23,9 +23,8 @@ json read_json_file(const std::string& path) {
 namespace {
 
 // The keys that decide how the packed tensors decode.
-const char* const kQuantizeKeys[] = {"quant_method", "bits",          "group_size",
-                                     "desc_act",     "sym",           "static_groups",
-                                     "checkpoint_format"};
+const char* const kQuantizeKeys[] = {
+    "quant_method", "bits", "group_size", "desc_act", "sym", "static_groups", "checkpoint_format"};
 
 // A key of the quantization config, at the top level or under "meta" (GPTQModel writes
 // both). A key given in both places with different values, or given as null, is refused:
@@ -95,9 +94,17 @@ QuantizeConfig parse_quantize_config(const json& config, const std::string& file
 
 }  // namespace
 
+bool checkpoint_reads_name(const std::string& name) {
+  const std::string suffix = ".safetensors";
+  return name == kCheckpointQuantizeFile || name == kCheckpointModelFile ||
+         name == kCheckpointIndexFile ||
+         (name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
 QuantizeConfig read_quantize_config(const std::string& dir) {
-  const std::string quantize_file = dir + "/quantize_config.json";
-  const std::string model_file = dir + "/config.json";
+  const std::string quantize_file = dir + "/" + kCheckpointQuantizeFile;
+  const std::string model_file = dir + "/" + kCheckpointModelFile;
   // A name that exists is read (and refused if it is not a regular file), never skipped.
   std::optional<json> model;
   const json* embedded = nullptr;
@@ -141,7 +148,7 @@ QuantizeConfig read_quantize_config(const std::string& dir) {
 }
 
 ModelDims read_model_dims(const std::string& dir) {
-  const std::string path = dir + "/config.json";
+  const std::string path = dir + "/" + kCheckpointModelFile;
   if (!files::exists(path)) throw InputError(path + ": not found (model dimensions)");
   const auto config = read_json_file(path);
   if (!config.is_object()) throw InputError(path + ": not a JSON object");

@@ -43,6 +43,14 @@ extern const char* const kProjections[7];
 // A JSON file, parsed; an InputError naming the file when it is missing or malformed.
 nlohmann::json read_json_file(const std::string& path);
 // quantize_config.json, else config.json's quantization_config, of a checkpoint folder.
+// The names a checkpoint reader reads directly inside the folder, by name rather than through
+// the index: an output of a command over the checkpoint must not take one of them, even when
+// no file has it yet (the reader would read it next time). Shards the index names exist.
+inline constexpr const char* kCheckpointQuantizeFile = "quantize_config.json";
+inline constexpr const char* kCheckpointModelFile = "config.json";
+inline constexpr const char* kCheckpointIndexFile = "model.safetensors.index.json";
+bool checkpoint_reads_name(const std::string& name);
+
 QuantizeConfig read_quantize_config(const std::string& dir);
 // config.json's dimensions; throws InputError when it or a required key is missing.
 ModelDims read_model_dims(const std::string& dir);

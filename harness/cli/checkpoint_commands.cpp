@@ -96,7 +96,28 @@ std::vector<CaseSpec> checkpoint_cases(const CheckpointSelection& sel) {
            << "\nsym = " << (q.sym ? "true" : "false") << "\nformat = \"" << to_string(q.format)
            << "\"\nscales_dtype = \"" << scales << "\"\nbias = " << (bias ? "true" : "false")
            << "\n";
-      for (auto& c : parse_case_text(text.str(), sel.dir)) cases.push_back(std::move(c));
+      // The case text is generated, so a line number in it means nothing to the user: each
+      // field's origin names the file and key, or the flag, it came from.
+      const std::string model = sel.dir + "/" + kCheckpointModelFile;
+      const FieldOrigins origins = {
+          {"hidden", model + " (hidden_size)"},
+          {"in_features", model + " (hidden_size)"},
+          {"out_features", model + " (hidden_size)"},
+          {"intermediate", model + " (intermediate_size)"},
+          {"heads", model + " (num_attention_heads)"},
+          {"kv_heads", model + " (num_key_value_heads)"},
+          {"checkpoint", "--checkpoint " + sel.dir},
+          {"layer", "--layers " + std::to_string(layer)},
+          {"bits", q.file + " (bits)"},
+          {"group_size", q.file + " (group_size)"},
+          {"desc_act", q.file + " (desc_act)"},
+          {"static_groups", q.file + " (static_groups)"},
+          {"sym", q.file + " (sym)"},
+          {"format", q.file + " (checkpoint_format)"},
+          {"scales_dtype", sel.dir + " (the dtype of the stored scales)"},
+          {"bias", sel.dir + " (whether the modules store a bias)"},
+      };
+      for (auto& c : parse_case_text(text.str(), sel.dir, origins)) cases.push_back(std::move(c));
     }
   }
   return cases;

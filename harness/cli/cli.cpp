@@ -24,6 +24,7 @@
 #include "harness/catalog/case_sampler.h"
 #include "harness/catalog/runner_registry.h"
 #include "harness/checkpoint/checkpoint_writer.h"
+#include "harness/checkpoint/gptq_config.h"
 #include "harness/cli/checkpoint_commands.h"
 #include "harness/cli/environment.h"
 #include "harness/common/file_system.h"
@@ -284,12 +285,22 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
         throw InputError(out.flag + " " + out.path + ": is an input of this run (" + in.flag + ")");
       }
     }
-    if (!checkpoint_dir.empty() && files::exists(out.path)) {
+    if (!checkpoint_dir.empty()) {
       char buf[PATH_MAX];
       const std::string dir = ::realpath(checkpoint_dir.c_str(), buf) ? buf : checkpoint_dir;
-      if (resolved_name(out.path).rfind(dir + "/", 0) == 0) {
-        throw InputError(out.flag + " " + out.path + ": would replace a file of the checkpoint " +
-                         checkpoint_dir + " this command reads");
+      const std::string resolved = resolved_name(out.path);
+      if (resolved.rfind(dir + "/", 0) == 0) {
+        const std::string name = resolved.substr(dir.size() + 1);
+        if (files::exists(out.path)) {
+          throw InputError(out.flag + " " + out.path + ": would replace a file of the checkpoint " +
+                           checkpoint_dir + " this command reads");
+        }
+        if (checkpoint_reads_name(name)) {
+          throw InputError(out.flag + " " + out.path + ": the checkpoint reader reads " + name +
+                           " in " + checkpoint_dir +
+                           "; an output there would be read as part "
+                           "of the checkpoint next time");
+        }
       }
     }
     files_so_far.push_back(out);
@@ -310,17 +321,19 @@ void check_run_outputs(const RunOutputs& o, const Selection& sel) {
   check_outputs({{"--json", o.json}, {"--dump", o.dump}, {"--junit", o.junit}, {"--html", o.html}},
                 inputs, sel.checkpoint.dir);
   if (!o.against.empty() && !files::is_regular_file(o.against)) {
-    throw InputError(
-        "--against " + o.against + ": " +
-        (files::is_directory(o.against) ? "is a folder, not a JSON report" : "file not found"));
+    throw InputError("--against " + o.against + ": " +
+                     (files::is_directory(o.against) ? "is a folder, not a JSON report"
+                      : files::exists(o.against)
+                          ? "not a regular file (a FIFO, a device or a socket)"
+                          : "file not found"));
   }
   if (!(o.against_factor >= 1.0)) {
     throw InputError("--against-factor must be at least 1, got " +
                      std::to_string(o.against_factor));
   }
   if (!o.inject.empty() && !fault_switches_linked()) {
-    throw InputError("--inject " + o.inject +
-                     ": this program has no fault switches (" + std::string(kNoSwitchesWhy) + ")");
+    throw InputError("--inject " + o.inject + ": this program has no fault switches (" +
+                     std::string(kNoSwitchesWhy) + ")");
   }
   if (!o.inject.empty() && !find_fault(o.inject)) {
     throw InputError("--inject " + o.inject + ": no such fault (gradscope faults lists them)");
@@ -560,17 +573,21 @@ int command_sample(const SampleCommand& cmd, const RunOutputs& o, const std::str
     throw InputError("--cases-out " + cmd.cases_out + ": exists; give a new folder");
   }
   auto draw = draw_cases(cmd.draw);
-  if (!cmd.cases_out.empty()) files::make_directory(cmd.cases_out);
-  std::vector<SelectedCase> selected;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < draw.cases.size(); ++i) {
-    auto& c = draw.cases[i];
-    if (!cmd.cases_out.empty()) {
+  if (!cmd.cases_out.empty()) {
+    // Every case file is written before any case runs, into a folder that appears whole (a
+    // full disk leaves no folder of some of the cases).
+    files::StagedFolder staged(cmd.cases_out);
+    for (size_t i = 0; i < draw.cases.size(); ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "/case-%05zu.toml", i);
-      c.spec.file = cmd.cases_out + name;
-      report::write_output_file(c.spec.file, c.toml);
+      report::write_output_file(staged.path() + name, draw.cases[i].toml);
+      draw.cases[i].spec.file = cmd.cases_out + name;
     }
+    staged.commit();
+  }
+  std::vector<SelectedCase> selected;
+  std::set<std::string> seen;
+  for (auto& c : draw.cases) {
     std::string id = find_runner(c.spec.kind)->case_id(c.spec);
     if (!seen.insert(id).second) continue;  // two draws of one configuration run once
     selected.push_back({std::move(c.spec), std::move(id)});
@@ -654,6 +671,18 @@ const CLI::Validator kTolerance(
     },
     "TOLERANCE");
 
+// A seed: a decimal integer in the case files' range. Checked as text, since CLI11 reads "-1"
+// into an unsigned seed as 2^64 - 1 and 2^64 as 0.
+const CLI::Validator kSeed(
+    [](std::string& value) {
+      const bool digits = !value.empty() && value.size() <= 16 &&
+                          value.find_first_not_of("0123456789") == std::string::npos;
+      return digits && std::stoll(value) <= kMaxCaseSeed
+                 ? std::string()
+                 : "must be an integer in [0, " + std::to_string(kMaxCaseSeed) + "], got " + value;
+    },
+    "SEED");
+
 void add_selection_options(CLI::App* cmd, Selection& sel) {
   cmd->add_option("cases", sel.files, "case files (TOML)");
   cmd->add_option("--suite", sel.suite, "suite name: the folder cases/NAME (default smoke)")
@@ -666,17 +695,19 @@ void add_selection_options(CLI::App* cmd, Selection& sel) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--dtype", sel.dtype, "override every case's dtype")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
-  cmd->add_option("--seed", sel.seed, "override every case's seed")
-      ->check(CLI::Range(int64_t{0}, int64_t{9000000000000000}));
-  cmd->add_option("--checkpoint", sel.checkpoint.dir,
-                  "run the LoRA cases on this GPTQ checkpoint's packed weights")
-      ->check(kNonEmpty);
+  cmd->add_option("--seed", sel.seed, "override every case's seed")->check(kSeed);
+  auto* checkpoint = cmd->add_option("--checkpoint", sel.checkpoint.dir,
+                                     "run the LoRA cases on this GPTQ checkpoint's packed weights")
+                         ->check(kNonEmpty);
+  // A flag that modifies another is refused without it, rather than ignored.
   cmd->add_option("--layers", sel.checkpoint.layers, "checkpoint layers (default 0), e.g. 0,3")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->needs(checkpoint);
   cmd->add_option("--projections", sel.checkpoint.projections,
                   "checkpoint projections (default all), e.g. q_proj,down_proj")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->needs(checkpoint);
 }
 
 }  // namespace
@@ -689,22 +720,26 @@ int run_cli(int argc, const char* const* argv) {
   auto* run = app.add_subcommand("run", "run cases and compare prod against the fp64 reference");
   add_selection_options(run, run_sel);
   run->add_option("--json", outputs.json, "write the JSON report to FILE")->check(kNonEmpty);
-  run->add_option("--dump", outputs.dump,
-                  "write an HDF5 dump of inputs and compared tensors to FILE")
-      ->check(kNonEmpty);
-  run->add_flag("--dump-failing-only", outputs.dump_failing_only, "dump only failing cases");
+  auto* dump = run->add_option("--dump", outputs.dump,
+                               "write an HDF5 dump of inputs and compared tensors to FILE")
+                   ->check(kNonEmpty);
+  run->add_flag("--dump-failing-only", outputs.dump_failing_only, "dump only failing cases")
+      ->needs(dump);
   run->add_flag("--dump-gradients-only", outputs.dump_gradients_only,
-                "dump only gradient checks, no inputs");
+                "dump only gradient checks, no inputs")
+      ->needs(dump);
   run->add_option("--junit", outputs.junit, "write JUnit XML (one testcase per check) to FILE")
       ->check(kNonEmpty);
   run->add_option("--html", outputs.html, "write a self-contained HTML report with plots to FILE")
       ->check(kNonEmpty);
-  run->add_option(
-         "--against", outputs.against,
-         "an accepted JSON report: exit 1 if a check's score grew or a check is new/missing")
-      ->check(kNonEmpty);
+  auto* against =
+      run->add_option(
+             "--against", outputs.against,
+             "an accepted JSON report: exit 1 if a check's score grew or a check is new/missing")
+          ->check(kNonEmpty);
   run->add_option("--against-factor", outputs.against_factor,
-                  "growth of err(prod)/err(base) that counts as a regression (default 1.25)");
+                  "growth of err(prod)/err(base) that counts as a regression (default 1.25)")
+      ->needs(against);
   run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
   run->add_flag("--fail-fast", outputs.fail_fast,
                 "stop at the first failing case (exit 1; the reports hold the cases run)");
@@ -754,7 +789,7 @@ int run_cli(int argc, const char* const* argv) {
   exporter->add_flag("--asym", ex_asym, "asymmetric zero points (default symmetric)");
   exporter->add_flag("--desc-act", ex.desc_act, "act-order");
   exporter->add_flag("--static-groups", ex.static_groups, "static groups (with --desc-act)");
-  exporter->add_option("--seed", ex.seed, "seed of the weights (default 1)");
+  exporter->add_option("--seed", ex.seed, "seed of the weights (default 1)")->check(kSeed);
   exporter->add_option("--shards", ex.shards, "safetensors files (default 1)")
       ->check(CLI::Range(1, 64));
   SampleCommand sample_cmd;
@@ -765,7 +800,8 @@ int run_cli(int argc, const char* const* argv) {
       "sample", "draw random valid cases over every kind and field and run them (false alarms)");
   sample->add_option("--count", sample_cmd.draw.count, "cases to draw (default 100)")
       ->check(CLI::Range(1, 1000000));
-  sample->add_option("--seed", sample_cmd.draw.seed, "the sampler's seed (default 1)");
+  sample->add_option("--seed", sample_cmd.draw.seed, "the sampler's seed (default 1)")
+      ->check(kSeed);
   sample->add_option("--device", sample_cmd.draw.device, "device of every case (default cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sample->add_option("--kinds", sample_cmd.draw.kinds, "only these kinds, e.g. lora_w,layer")
@@ -777,7 +813,7 @@ int run_cli(int argc, const char* const* argv) {
   sample
       ->add_option("--max-seconds", sample_cmd.max_seconds,
                    "stop starting cases after this many seconds (0: no bound)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kTolerance);
   sample->add_option("--json", sample_outputs.json, "write the JSON report to FILE")
       ->check(kNonEmpty);
   sample->add_option("--junit", sample_outputs.junit, "write JUnit XML to FILE")->check(kNonEmpty);

@@ -6,12 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
+#include <utility>
 
 #include "harness/common/input_error.h"
 
@@ -126,8 +127,7 @@ struct Walker {
 
 }  // namespace
 
-std::vector<std::string> find_files(const std::string& dir, const std::string& suffix,
-                                    Walk how) {
+std::vector<std::string> find_files(const std::string& dir, const std::string& suffix, Walk how) {
   Walker walk{suffix, how == Walk::kRecursive, {}, {}};
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -160,6 +160,30 @@ void remove_tree(const std::string& dir) {
       dir.c_str(),
       [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
       FTW_DEPTH | FTW_PHYS);
+}
+
+StagedFolder::StagedFolder(std::string target) : target_(std::move(target)) {
+  if (exists(target_)) throw InputError(target_ + ": exists; give a new folder");
+  temp_ = target_ + ".tmp.XXXXXX";
+  if (::mkdtemp(temp_.data()) == nullptr) {
+    throw InputError("cannot create a folder next to " + target_ + ": " + std::strerror(errno));
+  }
+  // mkdtemp makes it 0700; the finished folder gets what mkdir would have given it.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::chmod(temp_.c_str(), 0777 & ~mask);
+}
+
+StagedFolder::~StagedFolder() {
+  if (!committed_) remove_tree(temp_);
+}
+
+void StagedFolder::commit() {
+  if (exists(target_)) throw InputError(target_ + ": appeared while it was written");
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+    throw InputError("cannot create " + target_ + ": " + std::strerror(errno));
+  }
+  committed_ = true;
 }
 
 }  // namespace gradscope::files

@@ -34,4 +34,25 @@ std::string make_temp_dir(const std::string& prefix);
 // Removes `dir` and everything below it (symbolic links themselves, not their targets).
 void remove_tree(const std::string& dir);
 
+// A new folder that appears whole or not at all (export's checkpoint, sample's case files):
+// filled under an unpredictable temporary name next to `target` (created exclusively, with
+// the permissions a plain mkdir would give), renamed to `target` by commit(). Destroyed
+// uncommitted (an exception: a full disk, a refused input), it removes the temporary.
+class StagedFolder {
+ public:
+  // Throws InputError when `target` exists or no folder can be created next to it.
+  explicit StagedFolder(std::string target);
+  ~StagedFolder();
+  StagedFolder(const StagedFolder&) = delete;
+  StagedFolder& operator=(const StagedFolder&) = delete;
+
+  // Where to write the folder's files.
+  const std::string& path() const { return temp_; }
+  void commit();
+
+ private:
+  std::string target_, temp_;
+  bool committed_ = false;
+};
+
 }  // namespace gradscope::files

@@ -2,10 +2,18 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
 
 #include "harness/common/input_error.h"
 
@@ -71,6 +79,75 @@ c10::IValue mask_of(const LoraDropout& d) {
   return d.p > 0 && d.mask.defined() ? c10::IValue(d.mask) : c10::IValue();
 }
 
+// The trial load's child writes why it failed here.
+int g_trial_report_fd = -1;
+
+[[noreturn]] void report_trial_failure() {
+  std::string why = "an exception that is not a std::exception";
+  if (const auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      why = x.what();
+    } catch (...) {
+    }
+  }
+  why = why.substr(0, why.find('\n'));  // c10::Error appends a backtrace
+  // torch's text for a namespace defined twice goes on to advice that does not apply here.
+  if (why.rfind("Only a single TORCH_LIBRARY", 0) == 0) why = why.substr(0, why.find(';'));
+  [[maybe_unused]] const auto n = ::write(g_trial_report_fd, why.data(), why.size());
+  ::_exit(3);
+}
+
+// A library's static initialisers run inside dlopen, and an exception from one cannot unwind
+// through it: the process terminates. torch throws there when a second TORCH_LIBRARY block
+// defines a namespace (a copy of a library already loaded, or of gradscope's own operators).
+// So each library is loaded first in a forked child; what ends the child is reported as the
+// input error it is, and only a library that loads there is loaded here. Empty: it loaded.
+std::string trial_load(const std::string& path) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return {};
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {};
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    g_trial_report_fd = fds[1];
+    std::set_terminate(report_trial_failure);
+    // A failure to load at all is reported by the real dlopen, with its dlerror text. The
+    // exception may also unwind out of dlopen: it is caught here, and the child never returns
+    // into the caller's code.
+    try {
+      ::_exit(::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr ? 4 : 0);
+    } catch (...) {
+      report_trial_failure();
+    }
+  }
+  ::close(fds[1]);
+  std::string why;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    why.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 4)) return {};
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) return "its initialisation threw: " + why;
+  if (WIFSIGNALED(status)) {
+    return std::string("its initialisation was killed by signal ") +
+           std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+  }
+  return "its initialisation ended the process with exit code " +
+         std::to_string(WEXITSTATUS(status));
+}
+
 }  // namespace
 
 void set_after_case(std::function<void()> hook) {
@@ -93,6 +170,14 @@ void load_libraries(const std::vector<std::string>& paths) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
       throw InputError("--ops-library " + path + ": not a file");
+    }
+    const std::string failed = trial_load(path);
+    if (!failed.empty()) {
+      throw InputError("--ops-library " + path + ": cannot load it: " + failed +
+                       (failed.find("TORCH_LIBRARY") != std::string::npos
+                            ? " (is it a copy of a library already loaded, or of gradscope's "
+                              "own operators, which this program registers itself?)"
+                            : ""));
     }
     // Global symbols, as torch.ops.load_library: a library may rely on another's.
     if (::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {

@@ -24,6 +24,12 @@ std::string field_type_name(FieldType type) {
   return "?";
 }
 
+// A bound as the field's type reads: [1, 4096] for an integer field, not [1.000000, ...].
+std::string bound_text(const FieldSpec& field, double bound) {
+  if (field.type == FieldType::kInt) return std::to_string(static_cast<int64_t>(bound));
+  return report::format_spec_value(bound);
+}
+
 void validate_field(const FieldSpec& field, const SpecValue& value, const std::string& at) {
   if (!field.choices.empty()) {
     bool found = false;
@@ -46,8 +52,9 @@ void validate_field(const FieldSpec& field, const SpecValue& value, const std::s
   if ((field.min && number < *field.min) || (field.max && number > *field.max)) {
     std::ostringstream msg;
     msg << at << ": key '" << field.name << "' is " << report::format_spec_value(value)
-        << "; expected a value in [" << (field.min ? std::to_string(*field.min) : "-inf") << ", "
-        << (field.max ? std::to_string(*field.max) : "inf") << "]";
+        << "; expected " << (field.type == FieldType::kInt ? "an integer" : "a value") << " in ["
+        << (field.min ? bound_text(field, *field.min) : "-inf") << ", "
+        << (field.max ? bound_text(field, *field.max) : "inf") << "]";
     throw InputError(msg.str());
   }
 }
@@ -56,7 +63,7 @@ const std::vector<FieldSpec>& common_fields() {
   static const std::vector<FieldSpec> fields = {
       FieldSpec("kind", FieldType::kString, std::string(), "case kind (required)"),
       FieldSpec("seed", FieldType::kInt, int64_t{1}, "case seed; every tensor has its own stream")
-          .in_range(0, 9.0e15),
+          .in_range(0, static_cast<double>(kMaxCaseSeed)),
       FieldSpec("dtype", FieldType::kString, std::string("fp32"), "activation / output dtype")
           .one_of({std::string("fp32"), std::string("fp16"), std::string("bf16")}),
       FieldSpec("device", FieldType::kString, std::string("cpu"), "where prod runs")

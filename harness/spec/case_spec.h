@@ -2,6 +2,7 @@
 // files is catalog/case_file.h, which knows every kind's fields.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -12,6 +13,10 @@
 #include "reports/report_types.h"
 
 namespace gradscope {
+
+// Seeds are at most 9e15, below 2^53, so that a seed read as a JSON or TOML number by any tool
+// is the same integer.
+inline constexpr int64_t kMaxCaseSeed = 9000000000000000;
 
 enum class FieldType { kInt, kFloat, kBool, kString };
 

@@ -39,7 +39,8 @@ double report_number(const nlohmann::json& value, const std::string& where) {
     if (s == "-inf") return -std::numeric_limits<double>::infinity();
     if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
   }
-  throw InputError(where + " is " + json_excerpt(value) + "; expected a number, \"inf\" or \"nan\"");
+  throw InputError(where + " is " + json_excerpt(value) +
+                   "; expected a number, \"inf\" or \"nan\"");
 }
 
 // The accepted report, read strictly (docs/reports.md, "--against"): every field the gate
@@ -66,7 +67,8 @@ std::map<std::string, Score> read_accepted(const std::string& path, std::set<std
   for (const auto& c : j["cases"]) {
     const std::string where_case = at + ": cases[" + std::to_string(index++) + "]";
     if (!c.is_object()) throw InputError(where_case + " is not an object");
-    if (!c.contains("id") || !c["id"].is_string() || c["id"].get_ref<const std::string&>().empty()) {
+    if (!c.contains("id") || !c["id"].is_string() ||
+        c["id"].get_ref<const std::string&>().empty()) {
       throw InputError(where_case + " has no id string");
     }
     const std::string id = c["id"].get<std::string>();
@@ -158,22 +160,22 @@ int64_t compare_with_accepted(std::ostream& out, const report::RunReport& curren
   // A check of a case this run did not select (--filter, another suite) is not run, not
   // missing: only a check that disappeared from a case that ran is a regression.
   int64_t not_run = 0;
-  for (const auto& [path, old] : accepted) {
+  for (const auto& entry : accepted) {
+    const std::string& path = entry.first;
     const bool case_ran = std::any_of(run_ids.begin(), run_ids.end(), [&](const std::string& id) {
       return path.compare(0, id.size() + 1, id + "/") == 0;
     });
     if (case_ran) {
-      flag(path, text(old), "-", "missing");
+      flag(path, text(entry.second), "-", "missing");
     } else {
       ++not_run;
     }
   }
   if (not_run > 0) {
     out << not_run << " accepted check" << (not_run == 1 ? "" : "s") << " of "
-        << accepted_ids.size() - std::count_if(accepted_ids.begin(), accepted_ids.end(),
-                                               [&](const std::string& id) {
-                                                 return run_ids.count(id) > 0;
-                                               })
+        << accepted_ids.size() -
+               std::count_if(accepted_ids.begin(), accepted_ids.end(),
+                             [&](const std::string& id) { return run_ids.count(id) > 0; })
         << " case(s) this run did not select: not run, not compared\n";
   }
   if (flagged == 0) out << "no regressions against " << accepted_path << "\n";

@@ -64,8 +64,14 @@ def _import_all(modules: Iterable[str]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception as e:  # any failure to import is the user's input
-            raise GradscopeInputError(f"--import {name}: {type(e).__name__}: {e}") from e
+        # Anything the module raises at import, SystemExit and KeyboardInterrupt included, is
+        # a fault of that input: exit 2 from the command line, an exception from check(),
+        # never the process ending from inside gradscope with the module's own code.
+        except BaseException as e:
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if isinstance(e, SystemExit):
+                what = f"SystemExit({e.code!r}) (the module called sys.exit at import)"
+            raise GradscopeInputError(f"--import {name}: {what}") from e
 
 
 def define_ops(library, names: Optional[Iterable[str]] = None) -> None:

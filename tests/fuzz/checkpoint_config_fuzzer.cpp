@@ -1,6 +1,8 @@
 // libFuzzer target: bytes as a checkpoint's quantize_config.json and config.json, through the
-// readers of the quantization config and the model's dimensions. A file they cannot use must
-// end in an InputError naming it; any other exception or a crash is a finding.
+// readers of the quantization config and the model's dimensions. An input holding the line
+// "---" is a pair (quantize_config.json before it, config.json after: two configs that may
+// disagree); any other input is both files. A file they cannot use must end in an InputError
+// naming it; any other exception or a crash is a finding.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,8 +32,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ::mkdir(d.c_str(), 0700);
     return d;
   }();
-  write(dir + "/quantize_config.json", data, size);
-  write(dir + "/config.json", data, size);
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const auto split = text.find("\n---\n");
+  if (split == std::string::npos) {
+    write(dir + "/quantize_config.json", data, size);
+    write(dir + "/config.json", data, size);
+  } else {
+    write(dir + "/quantize_config.json", data, split);
+    write(dir + "/config.json", data + split + 5, size - split - 5);
+  }
   try {
     gradscope::read_quantize_config(dir);
   } catch (const gradscope::InputError&) {

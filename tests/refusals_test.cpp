@@ -1,0 +1,321 @@
+// What gradscope refuses (docs/cli.md, "What gradscope refuses"): one test per class of the
+// table there, each through the command line as a user reaches it. Every refusal is exit 2 with
+// a message naming the file, key, flag or tensor; nothing is left half-written. The classes
+// that need another process (a signal, a memory limit, Python) are CTest scripts beside these.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "cli_capture.h"
+#include "harness/catalog/case_file.h"
+#include "harness/common/file_system.h"
+#include "harness/common/input_error.h"
+#include "test_files.h"
+
+namespace gradscope {
+namespace {
+
+using testing::TempDir;
+
+const char* kCase = R"(kind = "lora_w"
+in_features = 64
+out_features = 32
+)";
+
+testing::CliResult cli(const std::vector<std::string>& args) {
+  return testing::run_captured(args);
+}
+
+// Exit 2, with `needle` in what was printed.
+void expect_refused(const std::vector<std::string>& args, const std::string& needle) {
+  const auto r = cli(args);
+  std::string command;
+  for (const auto& a : args) command += " " + a;
+  EXPECT_EQ(r.code, 2) << command << "\n" << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find(needle), std::string::npos)
+      << command << "\nexpected: " << needle << "\ngot: " << r.out << r.err;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+void replace_in(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = read(path);
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  text.replace(at, from.size(), to);
+  write(path, text);
+}
+
+// A small exported checkpoint: 64 hidden, 2 heads, 1 key/value head, `shards` files of one
+// layer each.
+std::string export_checkpoint(const TempDir& dir, const std::string& name, int shards = 1) {
+  const std::string out = dir.path(name);
+  const auto r = cli({"export", "--out", out, "--hidden", "64", "--intermediate", "128", "--heads",
+                      "2", "--kv-heads", "1", "--group-size", "32", "--layers",
+                      std::to_string(shards), "--shards", std::to_string(shards)});
+  EXPECT_EQ(r.code, 0) << r.err;
+  return out;
+}
+
+std::string nested(int depth, const std::string& leaf) {
+  return std::string(depth, '[') + leaf + std::string(depth, ']');
+}
+
+TEST(Refusals, ANamespaceRegisteredTwiceIsAnInputError) {
+  // gradscope's own operators, again: torch refuses a second TORCH_LIBRARY for a namespace
+  // inside dlopen, which used to end the process (134).
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  expect_refused({"run", c, "--ops-library", GRADSCOPE_OPS_LIBRARY},
+                 "Only a single TORCH_LIBRARY can be used to register the namespace gradscope");
+  // One plugin from two paths: the copy registers the namespace the original did.
+  const std::string copy = dir.path("copy_of_test_ops.so");
+  write(copy, read(GRADSCOPE_TEST_OPS_LIBRARY));
+  expect_refused({"run", c, "--impl", "plain_torch", "--ops-library", GRADSCOPE_TEST_OPS_LIBRARY,
+                  "--ops-library", copy},
+                 "--ops-library " + copy + ": cannot load it");
+  // The process is still whole: the original alone runs.
+  const auto ok = cli(
+      {"run", c, "--impl", "plain_torch", "--ops-library", GRADSCOPE_TEST_OPS_LIBRARY, "--quiet"});
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+}
+
+TEST(Refusals, DeeplyNestedJsonIsRefusedNotACrash) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  const auto ckpt = export_checkpoint(dir, "ck");
+  const std::string qc = ckpt + "/quantize_config.json";
+  const std::string original = read(qc);
+  write(qc, "{\"bits\": " + nested(100000, "4") + "}");
+  expect_refused({"run", "--checkpoint", ckpt}, "nested deeper than 64");
+  expect_refused({"dequant", "--checkpoint", ckpt, "--module", "model.layers.0.mlp.down_proj",
+                  "--out", dir.path("d.h5")},
+                 "nested deeper than 64");
+  write(qc, original);
+  replace_in(ckpt + "/config.json", "\"hidden_size\": 64",
+             "\"hidden_size\": " + nested(100000, "64"));
+  expect_refused({"run", "--checkpoint", ckpt}, "config.json");
+  // An --against report whose max_abs, or worst, is nested as deep.
+  ASSERT_EQ(cli({"run", c, "--json", dir.path("a.json"), "--quiet"}).code, 0);
+  std::string report = read(dir.path("a.json"));
+  const auto at = report.find("\"max_abs\": ");
+  ASSERT_NE(at, std::string::npos);
+  report.replace(at, report.find(',', at) - at, "\"max_abs\": " + nested(100000, "1"));
+  write(dir.path("deep.json"), report);
+  expect_refused({"run", c, "--against", dir.path("deep.json"), "--quiet"},
+                 "nested deeper than 64");
+}
+
+TEST(Refusals, AFifoNamedByTheIndexIsRefusedNotWaitedOn) {
+  TempDir dir;
+  const auto ckpt = export_checkpoint(dir, "ck", 2);
+  const std::string shard = ckpt + "/model-00001-of-00002.safetensors";  // layer 0's
+  ASSERT_EQ(::unlink(shard.c_str()), 0);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  expect_refused({"run", "--checkpoint", ckpt}, "model-00001-of-00002.safetensors");
+  expect_refused({"dequant", "--checkpoint", ckpt, "--module", "model.layers.0.mlp.down_proj",
+                  "--out", dir.path("d.h5")},
+                 "not a regular file");
+  // The same for config.json as a FIFO, and as a link to a device that never ends.
+  const auto other = export_checkpoint(dir, "ck2");
+  const std::string config = other + "/config.json";
+  ASSERT_EQ(::unlink(config.c_str()), 0);
+  ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0);
+  expect_refused({"run", "--checkpoint", other}, "config.json: a FIFO, not a regular file");
+  ASSERT_EQ(::unlink(config.c_str()), 0);
+  ASSERT_EQ(::symlink("/dev/urandom", config.c_str()), 0);
+  expect_refused({"run", "--checkpoint", other}, "not a regular file");
+}
+
+TEST(Refusals, FolderLinkLoopsInASuiteAreRefused) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.path("s").c_str(), 0755), 0);
+  dir.write("s/c.toml", kCase);
+  ASSERT_EQ(::symlink("..", dir.path("s/up").c_str()), 0);
+  expect_refused({"list", "--cases-dir", dir.path(), "--suite", "s"}, "s/up");
+  ASSERT_EQ(::unlink(dir.path("s/up").c_str()), 0);
+  ASSERT_EQ(::symlink(".", dir.path("s/self").c_str()), 0);
+  expect_refused({"run", "--cases-dir", dir.path(), "--suite", "s"}, "s/self");
+}
+
+TEST(Refusals, AZeroReferenceIsNotJudgedNotAFalseAlarm) {
+  TempDir dir;
+  for (const char* alpha : {"0.0", "1e-300"}) {
+    const auto c = dir.write("c.toml", std::string(kCase) + "alpha = " + alpha + "\n");
+    const auto r = cli({"run", c, "--quiet"});
+    EXPECT_EQ(r.code, 2) << alpha << "\n" << r.out;
+    EXPECT_NE(r.out.find("lora_A.grad: cannot be judged: the exact value is all zero"),
+              std::string::npos)
+        << r.out;
+    // The case line counts what it could not judge apart from what failed.
+    EXPECT_NE(r.out.find("  0 failed"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("2 not judged"), std::string::npos) << r.out;
+  }
+  // A prod that returns zeros where the exact value is not zero still fails (exit 1).
+  const auto c = dir.write("ok.toml", kCase);
+  EXPECT_EQ(cli({"run", c, "--quiet"}).code, 0);
+}
+
+TEST(Refusals, IntegersThatDoNotFitAreRefusedNotNarrowed) {
+  TempDir dir;
+  const auto ckpt = export_checkpoint(dir, "ck");
+  const std::string qc = ckpt + "/quantize_config.json";
+  const std::string original = read(qc);
+  replace_in(qc, "\"bits\": 4", "\"bits\": 4294967300");
+  expect_refused({"run", "--checkpoint", ckpt}, "key 'bits' is 4294967300, outside [2, 8]");
+  write(qc, original);
+  replace_in(qc, "\"group_size\": 32", "\"group_size\": 4294967424");
+  expect_refused({"run", "--checkpoint", ckpt}, "key 'group_size' is 4294967424, outside");
+  write(qc, original);
+  replace_in(ckpt + "/config.json", "\"num_hidden_layers\": 1",
+             "\"num_hidden_layers\": 4294967297");
+  expect_refused({"run", "--checkpoint", ckpt}, "key 'num_hidden_layers' is 4294967297, outside");
+}
+
+TEST(Refusals, AmbiguousCheckpointsAreRefused) {
+  TempDir dir;
+  const auto ckpt = export_checkpoint(dir, "ck");
+  const std::string qc = ckpt + "/quantize_config.json";
+  const std::string original = read(qc);
+  replace_in(qc, "\"sym\": true", "\"sym\": null");
+  expect_refused({"run", "--checkpoint", ckpt}, "key 'sym' is null");
+  write(qc, original);
+  replace_in(qc, "\"bits\": 4,", "\"bits\": 4, \"meta\": {\"bits\": 8},");
+  expect_refused({"run", "--checkpoint", ckpt}, "key 'bits' is 4 but meta.bits is 8");
+  write(qc, original);
+  replace_in(qc, "\"bits\": 4,", "\"bits\": 4, \"bits\": 8,");
+  expect_refused({"run", "--checkpoint", ckpt}, "key \"bits\" appears twice");
+  write(qc, original);
+  // quantize_config.json and config.json's quantization_config that disagree.
+  replace_in(ckpt + "/config.json", "\"model_type\"",
+             "\"quantization_config\": {\"bits\": 8, \"group_size\": 32}, \"model_type\"");
+  expect_refused({"run", "--checkpoint", ckpt}, "quantize_config.json: key 'bits' is 4 but " +
+                                                    ckpt +
+                                                    "/config.json: quantization_config gives 8");
+  // A weight_map file name holding U+0000.
+  const auto sharded = export_checkpoint(dir, "sharded", 2);
+  replace_in(sharded + "/model.safetensors.index.json", "model-00002-of-00002.safetensors",
+             "model-00002-of-00002.safetensors\\u0000.txt");
+  expect_refused({"run", "--checkpoint", sharded}, "U+0000");
+}
+
+TEST(Refusals, OutputsNeverTakeANameTheCheckpointReaderReads) {
+  TempDir dir;
+  const auto ckpt = export_checkpoint(dir, "ck");
+  // The config moved into config.json: quantize_config.json is free, but the reader would read
+  // a file of that name first next time.
+  const std::string qc = read(ckpt + "/quantize_config.json");
+  ASSERT_EQ(::unlink((ckpt + "/quantize_config.json").c_str()), 0);
+  replace_in(ckpt + "/config.json", "\"model_type\"",
+             "\"quantization_config\": " + qc + ", \"model_type\"");
+  ASSERT_EQ(cli({"list", "--checkpoint", ckpt}).code, 0);
+  const std::string module = "model.layers.0.mlp.down_proj";
+  for (const char* name :
+       {"quantize_config.json", "model.safetensors.index.json", "x.safetensors"}) {
+    expect_refused(
+        {"dequant", "--checkpoint", ckpt, "--module", module, "--out", ckpt + "/" + name},
+        std::string("the checkpoint reader reads ") + name);
+    EXPECT_FALSE(files::exists(ckpt + "/" + name)) << name;
+  }
+  EXPECT_EQ(cli({"run", "--checkpoint", ckpt, "--quiet"}).code, 0);
+}
+
+TEST(Refusals, SuiteEntriesThatAreNotFilesAreNamed) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.path("s").c_str(), 0755), 0);
+  dir.write("s/a.toml", kCase);
+  ASSERT_EQ(::mkfifo(dir.path("s/b.toml").c_str(), 0600), 0);
+  expect_refused({"run", "--cases-dir", dir.path(), "--suite", "s"}, "s/b.toml");
+  ASSERT_EQ(::unlink(dir.path("s/b.toml").c_str()), 0);
+  ASSERT_EQ(::symlink("missing.toml", dir.path("s/b.toml").c_str()), 0);
+  expect_refused({"list", "--cases-dir", dir.path(), "--suite", "s"}, "s/b.toml");
+}
+
+TEST(Refusals, SeedsOutOfRangeAreRefusedNotWrapped) {
+  TempDir dir;
+  for (const char* seed : {"-1", "18446744073709551616", "18446744073709551615", "1e3", ""}) {
+    expect_refused({"sample", "--seed", seed, "--count", "1"}, "--seed");
+    expect_refused({"export", "--seed", seed, "--out", dir.path("e")}, "--seed");
+  }
+  EXPECT_FALSE(files::exists(dir.path("e")));
+}
+
+TEST(Refusals, LaxAcceptedReportsAreRefusedByField) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  const auto against = [&](const std::string& json, const std::string& needle) {
+    expect_refused({"run", c, "--quiet", "--against", dir.write("a.json", json)}, needle);
+  };
+  const std::string head = R"({"tool": "gradscope", "cases": [)";
+  against(head + R"({"id": "c"}]})", "case 'c' has no checks array");
+  against(head + R"({"id": "c", "checks": [{"path": "c/x", "max_abs": 1, "status": 1}]}]})",
+          "c/x status is 1");
+  against(head + R"({"id": "c", "checks": [{"path": "c/x", "max_abs": 1, "status": "weird"}]}]})",
+          "c/x status is \"weird\"");
+  against(head +
+              R"({"id": "c", "checks": [{"path": "c/x", "max_abs": 1, "status": "pass",
+                  "exact": "yes"}]}]})",
+          "c/x exact is \"yes\"");
+  against(head + R"({"id": "c", "checks": [{"path": "c/x", "max_abs": 1, "status": "pass"},
+                                          {"path": "c/x", "max_abs": 2, "status": "pass"}]}]})",
+          "c/x: the check appears twice");
+  against(head + R"({"id": "c", "checks": []}, {"id": "c", "checks": []}]})",
+          "case 'c' appears twice");
+  against(head + R"({"id": "c", "checks": [{"path": "d/x", "max_abs": 1, "status": "pass"}]}]})",
+          "does not start with its case id 'c/'");
+}
+
+TEST(Refusals, FlagsWithoutThePartnerTheyModifyAreRefused) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  expect_refused({"run", c, "--against-factor", "2"}, "--against-factor requires --against");
+  expect_refused({"run", c, "--dump-failing-only"}, "--dump-failing-only requires --dump");
+  expect_refused({"run", c, "--dump-gradients-only"}, "--dump-gradients-only requires --dump");
+  expect_refused({"run", c, "--layers", "1"}, "--layers requires --checkpoint");
+  expect_refused({"list", c, "--projections", "q_proj"}, "--projections requires --checkpoint");
+  for (const char* bad : {"nan", "inf", "-1"}) {
+    expect_refused({"sample", "--count", "1", "--max-seconds", bad}, "--max-seconds");
+  }
+}
+
+TEST(Refusals, MessagesSayWhatIsWrongWithWhichFile) {
+  TempDir dir;
+  const auto c = dir.write("c.toml", kCase);
+  const std::string fifo = dir.path("fifo.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_refused({"run", c, "--against", fifo}, fifo + ": not a regular file");
+  expect_refused({"run", c, "--against", "/dev/zero"}, "/dev/zero: not a regular file");
+  // A folder that exists, given with a trailing slash: it exists, it is not missing.
+  expect_refused({"export", "--out", dir.path() + "/"}, "already exists");
+  // Integer bounds as integers, float values as they read back.
+  expect_refused({"run", dir.write("r.toml", std::string(kCase) + "rank = 5000\n")},
+                 "key 'rank' is 5000; expected an integer in [1, 4096]");
+  expect_refused({"run", dir.write("a.toml", std::string(kCase) + "alpha = 1000001.0\n")},
+                 "key 'alpha' is 1000001; expected a value in [-1000000, 1000000]");
+  // A case built as text from a checkpoint names the file and key a value came from, not a
+  // line of the generated text.
+  try {
+    parse_case_text("kind = \"lora_w\"\nrank = 5000\n", "ckpt",
+                    {{"rank", "ckpt/config.json (lora_rank)"}});
+    ADD_FAILURE() << "rank 5000 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt/config.json (lora_rank): key 'rank'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gradscope
