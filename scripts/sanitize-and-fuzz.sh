@@ -16,7 +16,7 @@ SCALE=${FUZZ_RUNS_SCALE:-1}
 # speed by thirty times; docs/performance.md has the measured rates).
 declare -A FUZZ_RUNS=([case_file]=60000 [dump_reader]=3000 [safetensors_header]=40000
                       [against_report]=15000 [checkpoint_config]=12000 [safetensors_index]=10000
-                      [suite_walk]=1500)
+                      [suite_walk]=15000)
 
 bash scripts/build-sanitize.sh
 

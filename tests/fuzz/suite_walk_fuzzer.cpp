@@ -3,12 +3,12 @@
 // a folder, a regular .toml file, a FIFO, or a symbolic link to another entry, a parent (..),
 // itself, or a missing name. The walk must end, return only regular files, and refuse loops and
 // entries that are not files with an InputError; anything else is a finding.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -42,9 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
         ::mkdir(path.c_str(), 0700);
         break;
-      case 1:
-        if (FILE* f = std::fopen(path.c_str(), "wb")) std::fclose(f);
+      case 1: {
+        // O_EXCL: never opened over an entry made before (a FIFO would block the open).
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0600);
+        if (fd >= 0) ::close(fd);
         break;
+      }
       case 2:
         ::mkfifo(path.c_str(), 0600);
         break;
