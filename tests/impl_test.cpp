@@ -69,6 +69,13 @@ TEST(Impl, AnOperatorThatDeclinesACaseMakesItUnsupportedNotFailed) {
   EXPECT_EQ(unsupported, 2);
 }
 
+TEST(Impl, ARunWhoseCasesAreAllDeclinedJudgedNothingAndExits2) {
+  // Only dropout cases, all of which the implementation declines: green would mean nothing.
+  const auto r = run_impl("declines_dropout", {kCases + "/smoke/lora_w_variants.toml"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "nothing judged: declines_dropout declined all")) << r.err;
+}
+
 TEST(Impl, ADifferentSignatureIsRefusedShowingBoth) {
   const auto r = run_impl("old_schema", {kCases + "/smoke/lora_w.toml"});
   EXPECT_EQ(r.code, 2) << r.out << r.err;

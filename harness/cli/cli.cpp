@@ -510,6 +510,14 @@ int exit_code(const report::RunReport& report, const RunOutputs& o) {
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
   if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
+  // Every case declined by the implementation under test: a gate that goes green having
+  // compared nothing proves nothing.
+  if (!report.cases.empty() && report.passed() == 0 && report.failed() == 0) {
+    std::cerr << "gradscope: error: nothing judged: " << report.implementation.ns
+              << " declined all " << report.cases.size()
+              << " selected cases (UNSUPPORTED); select cases it implements\n";
+    return 2;
+  }
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
 }
 

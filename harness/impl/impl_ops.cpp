@@ -99,6 +99,18 @@ int g_trial_report_fd = -1;
   ::_exit(3);
 }
 
+// dlopen as a pointer whose type may throw. glibc declares dlopen noexcept, so a compiler may
+// drop the handler around a direct call, and an exception from a library's initialiser then
+// passes a catch written there (clang does) or terminates. volatile: the call stays indirect.
+using OpenLibrary = void* (*)(const char*, int);
+volatile OpenLibrary g_open_library = ::dlopen;
+
+// Ends the trial child however its frame is left: an exception that escaped every handler in
+// it still unwinds this, and the child never returns into its caller's code.
+struct ChildExit {
+  ~ChildExit() { ::_exit(5); }
+};
+
 // A library's static initialisers run inside dlopen, and an exception from one cannot unwind
 // through it: the process terminates. torch throws there when a second TORCH_LIBRARY block
 // defines a namespace (a copy of a library already loaded, or of gradscope's own operators).
@@ -120,8 +132,10 @@ std::string trial_load(const std::string& path) {
     // A failure to load at all is reported by the real dlopen, with its dlerror text. The
     // exception may also unwind out of dlopen: it is caught here, and the child never returns
     // into the caller's code.
+    const ChildExit guard;
     try {
-      ::_exit(::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr ? 4 : 0);
+      const OpenLibrary open_library = g_open_library;
+      ::_exit(open_library(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr ? 4 : 0);
     } catch (...) {
       report_trial_failure();
     }
@@ -140,6 +154,9 @@ std::string trial_load(const std::string& path) {
   }
   if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 4)) return {};
   if (WIFEXITED(status) && WEXITSTATUS(status) == 3) return "its initialisation threw: " + why;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 5) {
+    return "its initialisation threw an exception that could not be caught";
+  }
   if (WIFSIGNALED(status)) {
     return std::string("its initialisation was killed by signal ") +
            std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
@@ -179,8 +196,18 @@ void load_libraries(const std::vector<std::string>& paths) {
                               "own operators, which this program registers itself?)"
                             : ""));
     }
-    // Global symbols, as torch.ops.load_library: a library may rely on another's.
-    if (::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    // Global symbols, as torch.ops.load_library: a library may rely on another's. It loaded in
+    // the child; an initialiser that throws here all the same is caught as an input error.
+    void* handle = nullptr;
+    try {
+      const OpenLibrary open_library = g_open_library;
+      handle = open_library(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw InputError("--ops-library " + path + ": cannot load it: its initialisation threw: " +
+                       what.substr(0, what.find('\n')));
+    }
+    if (handle == nullptr) {
       const char* why = ::dlerror();
       throw InputError("--ops-library " + path + ": cannot load it: " + (why ? why : "unknown"));
     }
