@@ -2,8 +2,8 @@
 # The hardening job of .ci/run, deterministic: a clang build with AddressSanitizer +
 # UndefinedBehaviorSanitizer (CPU only) runs the GoogleTest binaries, then each libFuzzer target
 # replays its committed corpus (tests/fuzz/corpus/NAME: seeds and every input that ever failed)
-# and runs a fixed number of mutations from a fixed seed, so the same commit gives the same
-# result on every run (docs/building.md, "Fuzzing"). Exploratory fuzzing, time-bounded and
+# and runs a fixed number of mutations from a fixed seed: a fixed amount of work, the corpus
+# replay the same on every run (docs/building.md, "The hardening job"). Exploratory fuzzing, time-bounded and
 # from random seeds, is scripts/fuzz-explore.sh. Any sanitizer report, test failure or fuzzer
 # finding fails the job; a failing input is left in build-sanitize/fuzz-findings.
 #   BUILD_DIR defaults to build-sanitize; FUZZ_RUNS_SCALE multiplies every fuzzer's run count.
@@ -38,7 +38,7 @@ findings="$BUILD_DIR/fuzz-findings"
 rm -rf "$findings" && mkdir -p "$findings"
 # Address-space randomization off for the fuzzers: code inside the libraries they link takes
 # address-dependent branches, so with it on the same seed reached different coverage from run
-# to run (and so mutated differently); off, a commit's fuzz phase is the same on every run.
+# to run (and so mutated differently); off, most runs of a commit reach the same coverage.
 fixed_addresses=(setarch "$(uname -m)" -R)
 if ! "${fixed_addresses[@]}" true 2>/dev/null; then
   echo "sanitize-and-fuzz: setarch -R is not permitted here: the fuzz runs may differ run to run"
@@ -63,7 +63,7 @@ for target in case_file dump_reader safetensors_header against_report checkpoint
   "${fixed_addresses[@]}" "$fuzzer" -seed=1 -runs="$runs" -timeout=5 -rss_limit_mb=4096 -max_len=65536 -reload=0 \
     -artifact_prefix="$findings/$target-" -print_final_stats=1 "$scratch" "$corpus" >"$log" 2>&1 ||
     { tail -n 60 "$log"; echo "sanitize-and-fuzz: ${target}_fuzzer found a failing input (in $findings)"; exit 1; }
-  # The coverage reached and the corpus grown: the same on every run of the same commit.
+  # The coverage reached and the corpus grown (docs/performance.md compares runs).
   reached=$(grep -a -m1 -E '^#[0-9]+[[:space:]]+DONE' "$log" | grep -o 'cov: [0-9]* ft: [0-9]* corp: [0-9/a-zA-Z]*' || true)
   units=$(grep -a -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   echo "sanitize-and-fuzz: ${target}_fuzzer $((SECONDS - start)) s, corpus replayed, seed 1, ${units:-?} units, ${reached:-?}"
