@@ -163,7 +163,7 @@ TEST(Refusals, AZeroReferenceIsNotJudgedNotAFalseAlarm) {
     EXPECT_NE(r.out.find("  0 failed"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("2 not judged"), std::string::npos) << r.out;
   }
-  // A prod that returns zeros where the exact value is not zero still fails (exit 1).
+  // The same case with the default alpha is judged, and passes.
   const auto c = dir.write("ok.toml", kCase);
   EXPECT_EQ(cli({"run", c, "--quiet"}).code, 0);
 }
