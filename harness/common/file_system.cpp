@@ -64,15 +64,6 @@ std::vector<std::string> subdirectories(const std::string& dir) {
 
 namespace {
 
-const char* kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 struct Walker {
   std::string suffix;
   bool recursive;
@@ -163,6 +154,8 @@ void remove_tree(const std::string& dir) {
 }
 
 StagedFolder::StagedFolder(std::string target) : target_(std::move(target)) {
+  // "DIR/" names the folder DIR: the temporary goes beside it, not inside it.
+  while (target_.size() > 1 && target_.back() == '/') target_.pop_back();
   if (exists(target_)) throw InputError(target_ + ": exists; give a new folder");
   temp_ = target_ + ".tmp.XXXXXX";
   if (::mkdtemp(temp_.data()) == nullptr) {

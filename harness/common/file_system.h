@@ -5,10 +5,23 @@
 // code linked with torch avoids them.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <string>
 #include <vector>
 
 namespace gradscope::files {
+
+// What a non-regular file is, for messages ("a FIFO"); header-only, so that the torch-free
+// readers (harness/common/json_input) name file kinds the same way.
+inline const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
 
 bool is_directory(const std::string& path);
 bool is_regular_file(const std::string& path);

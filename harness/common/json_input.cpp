@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
 
 namespace gradscope {
@@ -29,15 +30,6 @@ std::string quoted_excerpt(const std::string& s) {
   std::string out;
   for (char c : s.substr(0, 60)) out += c == '\0' ? std::string("\\u0000") : std::string(1, c);
   return "\"" + out + (s.size() > 60 ? "...\"" : "\"");
-}
-
-const char* file_type(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
 }
 
 // JSON config files and reports are kilobytes to megabytes.
@@ -102,7 +94,7 @@ json read_json_input_file(const std::string& path) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const mode_t mode = st.st_mode;
     ::close(fd);
-    throw InputError(path + ": " + file_type(mode) + ", not a regular file (a JSON file)");
+    throw InputError(path + ": " + files::kind_of(mode) + ", not a regular file (a JSON file)");
   }
   if (st.st_size > kMaxJsonFileBytes) {
     ::close(fd);
@@ -126,8 +118,7 @@ json read_json_input_file(const std::string& path) {
 int64_t json_integer(const json& value, const std::string& where, int64_t lo, int64_t hi) {
   const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   if (!value.is_number_integer()) {
-    throw InputError(where + " must be an integer in " + range + ", got " +
-                     json_excerpt(value));
+    throw InputError(where + " must be an integer in " + range + ", got " + json_excerpt(value));
   }
   // nlohmann keeps a non-negative integer as unsigned: compare it as one.
   bool fits;
