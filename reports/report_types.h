@@ -46,7 +46,7 @@ struct WorstElement {
   double prod = 0;
   double ref = 0;                  // the reference as compared (rounded in exact mode)
   std::optional<double> ref_fp64;  // the unrounded fp64 reference, where it differs
-  std::optional<double> base;      // the same-dtype baseline, where there is one
+  std::optional<double> base;      // the plain baseline in the case's dtypes, where there is one
   std::string detail;              // what the element is, e.g. "code 7, zero 8, group 3"
 };
 

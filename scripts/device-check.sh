@@ -4,7 +4,8 @@
 # Configures against the machine's torch (python3) with toml++ carried in .devdeps,
 # builds, runs the CTest suite and the smoke and gpu suites with --device cuda, and
 # writes every log and JSON report into the given folder.
-# STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also
+# STEPS picks what runs after the build (default "smoke gpu ctest memcheck"; also "bugs": the
+# third-party bugs of tests/python through the Python package on CUDA;
 # "killmatrix": every fault on the gpu suite (KILL_SUITE picks another); "bench": gradscope_bench, the timings against
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
 # multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL, the
@@ -65,6 +66,12 @@ for file in ${GPU_FILES-cases/gpu/*.toml}; do
   run "gpu_$name" timeout "$left" "$BUILD_DIR/gradscope" run "$file" --device cuda \
     --filter "${GPU_FILTER:-*}" --json "$OUT/gpu_$name.json"
 done
+if has_step bugs; then
+  # The third-party bugs (tests/python/third_party_bugs.py, tail_and_pair_bugs.py) through the
+  # Python package, every run on CUDA: each must fail, the correct namespace pass.
+  PYTHONPATH=$PWD/$BUILD_DIR/python:$PWD/tests/python run bugs_cuda \
+    python3 tests/python/third_party_bugs.py cases --device cuda
+fi
 if has_step fsdp; then
   # NCCL, one GPU per rank: the cases of world size 2 and the FSDP2 test need two GPUs
   # (nvidia-h200-x2); on one, STEPS=all skips them and a named fsdp step fails.

@@ -57,6 +57,48 @@ dtype = ["fp16", "bf16", "fp32"]
   EXPECT_TRUE(ids.count("dequant.bf16.k64n32.b3g128.v1.asym.s1")) << *ids.begin();
 }
 
+// [[cases]] rows (a covering array's), each crossed with the matrix, in file order.
+TEST(CaseFile, CaseEntriesAreRowsCrossedWithTheMatrix) {
+  TempDir dir;
+  const auto cases = load_case_file(dir.write("r.toml", R"(kind = "dequant"
+out_features = 32
+[matrix]
+dtype = ["fp16", "bf16"]
+[[cases]]
+bits = 3
+in_features = 96
+[[cases]]
+bits = 4
+in_features = 40
+sym = false
+)"));
+  ASSERT_EQ(cases.size(), 4u);
+  EXPECT_EQ(find_runner("dequant")->case_id(cases[0]), "dequant.fp16.k96n32.b3g128.v1.sym.s1");
+  EXPECT_EQ(find_runner("dequant")->case_id(cases[3]), "dequant.bf16.k40n32.b4g128.v1.asym.s1");
+  EXPECT_EQ(cases[3].origin("sym"), dir.path("r.toml") + ":11");
+  // A key in an entry and at the top level or in [matrix]; an entry's value validated.
+  EXPECT_NE(load_error(dir.write("t.toml", "kind = \"dequant\"\nbits = 4\n[[cases]]\nbits = 2\n"))
+                .find("t.toml:4: key 'bits' is set both at the top level and in [[cases]]"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("m.toml",
+                                 "kind = \"dequant\"\n[matrix]\nbits = [4]\n[[cases]]\nbits = 2\n"))
+                .find("m.toml:5: key 'bits' is set both in [matrix] and in [[cases]]"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("v.toml", "kind = \"dequant\"\n[[cases]]\nbits = 5\n"))
+                .find("v.toml:3"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("u.toml", "kind = \"dequant\"\n[[cases]]\nrank = 5\n"))
+                .find("unknown key 'cases.rank' for kind 'dequant'"),
+            std::string::npos);
+  EXPECT_NE(load_error(dir.write("a.toml", "kind = \"dequant\"\ncases = [1]\n"))
+                .find("key 'cases' must be a non-empty array of tables"),
+            std::string::npos);
+  // A shape rule checked on each row: 3-bit rows need multiples of 32.
+  EXPECT_NE(load_error(dir.write("s.toml", "kind = \"dequant\"\n[[cases]]\nbits = 3\nin_features = 40\n"))
+                .find("in_features"),
+            std::string::npos);
+}
+
 TEST(CaseFile, MalformedTomlNamesFileAndLine) {
   TempDir dir;
   const auto path = dir.write("bad.toml", "kind = \"dequant\"\nbits = = 4\n");

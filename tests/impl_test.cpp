@@ -73,7 +73,12 @@ TEST(Impl, ARunWhoseCasesAreAllDeclinedJudgedNothingAndExits2) {
   // Only dropout cases, all of which the implementation declines: green would mean nothing.
   const auto r = run_impl("declines_dropout", {kCases + "/smoke/lora_w_variants.toml"});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_TRUE(has(r.err, "nothing judged: declines_dropout declined all")) << r.err;
+  EXPECT_TRUE(has(r.err, "no case was judged: 48 unsupported (declines_dropout declined all 48"))
+      << r.err;
+  // --allow-unsupported: the former behaviour, for those who want it.
+  const auto allowed = run_impl("declines_dropout", {kCases + "/smoke/lora_w_variants.toml",
+                                                     "--allow-unsupported"});
+  EXPECT_EQ(allowed.code, 0) << allowed.out << allowed.err;
 }
 
 TEST(Impl, ADifferentSignatureIsRefusedShowingBoth) {

@@ -42,10 +42,12 @@ at::Tensor lora_linear(const at::Tensor& x, const LoraProjection& p, const LoraD
   const auto dtype = x.scalar_type();
   auto result = at::matmul(x, dequantize(p.base, dtype));
   if (p.bias.defined()) result = result + p.bias.to(dtype);
-  const auto lora = at::matmul(at::matmul(dropout_input(x, dropout), p.lora_A.to(dtype).t()),
-                               p.lora_B.to(dtype).t()) *
-                    p.scaling;
-  return result + lora;
+  // The adapter path in the adapters' dtype, as peft's LoRA layer computes it: x cast to that
+  // dtype, dropout and both products there, the sum taken in the wider of the two dtypes and
+  // rounded to the activation dtype (docs/verification.md, "The baseline").
+  const auto xa = dropout_input(x.to(p.lora_A.scalar_type()), dropout);
+  const auto lora = at::matmul(at::matmul(xa, p.lora_A.t()), p.lora_B.t()) * p.scaling;
+  return (result + lora).to(dtype);
 }
 
 at::Tensor lora_mlp(const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,

@@ -1,5 +1,6 @@
 // The baseline: what peft on top of a plain torch QuantLinear computes, as unfused
-// ATen ops in the case's dtype, with autograd doing the backward. It shares no code
+// ATen ops in the case's dtypes (the base path in the activation dtype, the adapter path in
+// the adapters' dtype), with autograd doing the backward. It shares no code
 // with prod: its dequantization is tensor shifts and masks written here.
 #pragma once
 
@@ -15,7 +16,8 @@ namespace gradscope::baseline {
 // zeros gathered through g_idx, fp32 arithmetic, one rounding.
 at::Tensor dequantize(const GptqWeight& weight, at::ScalarType dtype);
 
-// result = x W^T + b; lora = (dropout(x) A^T) B^T * scaling; return result + lora.
+// result = x W^T + b in x's dtype; lora = (dropout(x) A^T) B^T * scaling in the adapters'
+// dtype; return result + lora rounded to x's dtype.
 at::Tensor lora_linear(const at::Tensor& x, const LoraProjection& proj, const LoraDropout& dropout);
 
 // down(silu(gate(x)) * up(x)) with at::silu.

@@ -49,7 +49,7 @@ const FieldSpec* find_field(const std::vector<FieldSpec>& schema, const std::str
 std::string known_keys(const std::vector<FieldSpec>& schema) {
   std::string out;
   for (const auto& f : schema) out += (out.empty() ? "" : ", ") + f.name;
-  return out + ", matrix, description";
+  return out + ", matrix, cases, description";
 }
 
 SpecValue from_toml(const FieldSpec& field, const toml::node& node, const std::string& at) {
@@ -158,6 +158,15 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
   base.set("kind", kind, where(path, kind_node->source()));
 
   std::vector<std::pair<const FieldSpec*, std::vector<std::pair<SpecValue, std::string>>>> axes;
+  // [[cases]]: each entry one case's own fields (a row of a covering array), crossed with the
+  // matrix; none means one entry with no fields.
+  struct EntryField {
+    const FieldSpec* field;
+    SpecValue value;
+    std::string at;
+  };
+  std::vector<std::vector<EntryField>> entries;
+  const toml::node* cases_node = table.get("cases");
   size_t expanded_count = 1;
   for (auto&& [key, node] : table) {
     const std::string name(key.str());
@@ -166,6 +175,40 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
     if (name == "kind") continue;
     if (name == "description") {
       if (!node.is_string()) throw InputError(at + ": key 'description' must be a string");
+      continue;
+    }
+    if (name == "cases") {
+      const auto* list = node.as_array();
+      if (!list || list->empty() || !list->is_array_of_tables()) {
+        throw InputError(at + ": key 'cases' must be a non-empty array of tables ([[cases]])");
+      }
+      for (const auto& element : *list) {
+        std::vector<EntryField> entry;
+        for (auto&& [ekey, enode] : *element.as_table()) {
+          const std::string ename(ekey.str());
+          const std::string eat = where(path, ekey.source());
+          const FieldSpec* field = find_field(schema, ename);
+          if (!field || ename == "kind") {
+            throw InputError(eat + ": unknown key 'cases." + ename + "' for kind '" + kind +
+                             "' (known: " + known_keys(schema) + ")");
+          }
+          if (table.contains(ename)) {
+            throw InputError(eat + ": key '" + ename +
+                             "' is set both at the top level and in [[cases]]");
+          }
+          const auto* matrix = table.get("matrix");
+          if (matrix && matrix->is_table() && matrix->as_table()->contains(ename)) {
+            throw InputError(eat + ": key '" + ename + "' is set both in [matrix] and in [[cases]]");
+          }
+          entry.push_back({field, from_toml(*field, enode, eat), eat});
+        }
+        entries.push_back(std::move(entry));
+      }
+      expanded_count *= entries.size();
+      if (expanded_count > kMaxCasesPerFile) {
+        throw InputError(at + ": [[cases]] and [matrix] expand to more than " +
+                         std::to_string(kMaxCasesPerFile) + " cases; split the file");
+      }
       continue;
     }
     if (name == "matrix") {
@@ -206,8 +249,15 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
     base.set(name, from_toml(*field, node, at), at);
   }
 
-  // Cartesian product of the matrix axes, the first axis varying slowest.
-  std::vector<CaseSpec> cases{base};
+  // Each [[cases]] entry in file order, then the cartesian product of the matrix axes, the
+  // first axis varying slowest.
+  if (!cases_node) entries.emplace_back();
+  std::vector<CaseSpec> cases;
+  for (const auto& entry : entries) {
+    CaseSpec c = base;
+    for (const auto& f : entry) c.set(f.field->name, f.value, f.at);
+    cases.push_back(std::move(c));
+  }
   for (const auto& [field, values] : axes) {
     std::vector<CaseSpec> next;
     for (const auto& c : cases) {

@@ -56,13 +56,24 @@ class Toml {
 
 const std::vector<std::string> kDtypes = {"fp32", "fp16", "bf16"};
 
-// A multiple of 32 in [lo, hi]: every width packs at every bit count.
-int64_t width(Dice& d, int64_t lo, int64_t hi) {
-  return 32 * d.between(lo / 32, hi / 32);
+// A feature count in [lo, hi] that packs at `bits`: half the time an odd multiple of the
+// format's smallest step (32 / bits, 32 at 3 bits), the tail of any tile larger than the step;
+// otherwise a multiple of 32 (docs/coverage.md).
+int64_t width(Dice& d, int64_t bits, int64_t lo, int64_t hi) {
+  const int64_t step = bits == 3 ? 32 : 32 / bits;
+  if (d.chance(0.5)) {
+    const int64_t first = (lo + step - 1) / step, last = hi / step;
+    int64_t m = d.between(first, last) | 1;
+    if (m > last) m -= 2;
+    if (m >= first) return step * m;
+  }
+  return 32 * d.between((lo + 31) / 32, hi / 32);
 }
 
-void gptq_fields(Dice& d, Toml& t) {
-  t.set("bits", d.pick<int64_t>({2, 3, 4, 8}));
+// The GPTQ fields; returns the bit width, which the feature counts depend on.
+int64_t gptq_fields(Dice& d, Toml& t) {
+  const int64_t bits = d.pick<int64_t>({2, 3, 4, 8});
+  t.set("bits", bits);
   t.set("group_size", d.pick<int64_t>({-1, 32, 64, 128}));
   const bool act = d.chance(0.5);
   t.set("desc_act", act);
@@ -70,6 +81,7 @@ void gptq_fields(Dice& d, Toml& t) {
   t.set("sym", d.chance(0.5));
   t.set("format", d.chance(0.5) ? "gptq" : "gptq_v2");
   t.set("scales_dtype", d.chance(0.8) ? "fp16" : "bf16");
+  return bits;
 }
 
 // The fields of the LoRA kinds: adapters, tokens, the input profile. `dropout` and a 2-D input
@@ -81,10 +93,13 @@ void lora_fields(Dice& d, Toml& t, bool dropout, bool flat_input, int64_t max_to
   if (dropout) t.set("dropout", d.pick<double>({0.0, 0.0, 0.05, 0.1, 0.3}));
   t.set("bias", d.chance(0.3));
   t.set("adapter_dtype", d.chance(0.6) ? "fp32" : d.pick(kDtypes));
-  int64_t batch = d.pick<int64_t>({1, 1, 2, 4});
+  int64_t batch = d.pick<int64_t>({1, 1, 2, 3, 4});
   if (flat_input && d.chance(0.2)) batch = 0;
-  const int64_t seq = std::min<int64_t>(d.pick<int64_t>({1, 7, 16, 32, 48, 64}),
-                                        max_tokens / std::max<int64_t>(batch, 1));
+  // Half the time a count at a block's tail (1, 2^k - 1, 2^k + 1, odd) rather than a round one.
+  const int64_t drawn = d.chance(0.5)
+                            ? d.pick<int64_t>({1, 3, 7, 9, 15, 17, 31, 33, 63, 65, 127, 129, 255, 257})
+                            : d.pick<int64_t>({16, 32, 48, 64});
+  const int64_t seq = std::min<int64_t>(drawn, max_tokens / std::max<int64_t>(batch, 1));
   t.set("batch", batch);
   t.set("seq", std::max<int64_t>(seq, 1));
   const bool realistic = d.chance(0.5);
@@ -94,63 +109,64 @@ void lora_fields(Dice& d, Toml& t, bool dropout, bool flat_input, int64_t max_to
 }
 
 void dequant_case(Dice& d, Toml& t) {
-  t.set("in_features", width(d, 32, 512));
-  t.set("out_features", width(d, 32, 512));
-  gptq_fields(d, t);
+  const int64_t bits = gptq_fields(d, t);
+  t.set("in_features", width(d, bits, 32, 512));
+  t.set("out_features", width(d, bits, 32, 512));
   t.set("storage", d.pick<std::string>({"int32", "int32", "fp32", "fp16", "bf16"}));
   t.set("layout", d.chance(0.7) ? "in_out" : "out_in");
   t.set("edge_codes", d.chance(0.7));
 }
 
 void lora_w_case(Dice& d, Toml& t) {
-  t.set("in_features", width(d, 32, 512));
-  t.set("out_features", width(d, 32, 512));
+  const int64_t bits = gptq_fields(d, t);
+  t.set("in_features", width(d, bits, 32, 512));
+  t.set("out_features", width(d, bits, 32, 512));
   lora_fields(d, t, true, true, 256);
-  gptq_fields(d, t);
 }
 
 void qkv_case(Dice& d, Toml& t) {
-  const int64_t head_dim = d.pick<int64_t>({16, 32, 64});
-  const int64_t heads = d.pick<int64_t>({2, 4, 8});
+  const int64_t bits = gptq_fields(d, t);
+  const int64_t step = bits == 3 ? 32 : 32 / bits;
+  // head_dim a multiple of the step, so that k_proj's kv_heads * head_dim packs.
+  const int64_t head_dim = d.chance(0.5) ? step * d.pick<int64_t>({1, 3, 5})
+                                         : std::max(step, d.pick<int64_t>({16, 32, 64}));
+  const int64_t heads = d.pick<int64_t>({2, 3, 4, 8});
   t.set("hidden", head_dim * heads);
   t.set("heads", heads);
   t.set("kv_heads", d.chance(0.5) ? heads : d.pick<int64_t>({1, 2}));
   lora_fields(d, t, true, true, 256);
-  gptq_fields(d, t);
 }
 
 void mlp_case(Dice& d, Toml& t) {
-  t.set("hidden", width(d, 64, 384));
-  t.set("intermediate", width(d, 64, 768));
+  const int64_t bits = gptq_fields(d, t);
+  t.set("hidden", width(d, bits, 64, 384));
+  t.set("intermediate", width(d, bits, 64, 768));
   lora_fields(d, t, true, true, 256);
-  gptq_fields(d, t);
 }
 
 // The decoder-layer shape fields shared by layer, training.
-void stack_fields(Dice& d, Toml& t) {
+void stack_fields(Dice& d, Toml& t, int64_t bits) {
   const int64_t head_dim = d.pick<int64_t>({16, 32});
   const int64_t heads = d.pick<int64_t>({2, 4});
   t.set("hidden", head_dim * heads);
   t.set("heads", heads);
   t.set("kv_heads", d.chance(0.5) ? heads : 1);
-  t.set("intermediate", width(d, 64, 256));
+  t.set("intermediate", width(d, bits, 64, 256));
 }
 
 void layer_case(Dice& d, Toml& t) {
-  stack_fields(d, t);
+  stack_fields(d, t, gptq_fields(d, t));
   t.set("layers", d.pick<int64_t>({1, 1, 2}));
   lora_fields(d, t, false, false, 96);
-  gptq_fields(d, t);
 }
 
 void training_case(Dice& d, Toml& t) {
-  stack_fields(d, t);
+  stack_fields(d, t, gptq_fields(d, t));
   t.set("layers", 1);
   t.set("vocab", d.pick<int64_t>({16, 32, 64}));
   t.set("steps", d.between(2, 4));
   t.set("lr", d.pick<double>({1e-3, 5e-3}));
   lora_fields(d, t, false, false, 48);
-  gptq_fields(d, t);
 }
 
 void fsdp_case(Dice& d, Toml& t) {
@@ -158,8 +174,9 @@ void fsdp_case(Dice& d, Toml& t) {
   t.set("world_size", world);
   t.set("sharding", d.chance(0.5) ? "flat" : "per_param");
   t.set("storage", d.pick<std::string>({"int32", "fp32", "bf16"}));
-  t.set("hidden", width(d, 64, 256));
-  t.set("intermediate", width(d, 64, 384));
+  // Multiples of 32 for now: shards that need padding are not drawn (docs/coverage.md).
+  t.set("hidden", 32 * d.between(2, 8));
+  t.set("intermediate", 32 * d.between(2, 12));
   t.set("rank", d.pick<int64_t>({4, 8, 16}));
   t.set("alpha", d.pick<double>({8.0, 16.0, 32.0}));
   t.set("adapter_dtype", d.chance(0.7) ? "fp32" : d.pick(kDtypes));

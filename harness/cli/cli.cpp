@@ -20,6 +20,7 @@
 
 #include "gradscope/dequant.h"
 #include "gradscope/faults.h"
+#include "harness/catalog/case_coverage.h"
 #include "harness/catalog/case_file.h"
 #include "harness/catalog/case_sampler.h"
 #include "harness/catalog/runner_registry.h"
@@ -312,6 +313,7 @@ struct RunOutputs {
   impl::Selection impl;  // --impl, --ops-library
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
+  bool allow_unsupported = false;  // a run that judged nothing exits 0 instead of 2
   int dist_timeout = 300;  // seconds: under torchrun, the longest wait for another rank
 };
 
@@ -512,10 +514,12 @@ int exit_code(const report::RunReport& report, const RunOutputs& o) {
   if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
   // Every case declined by the implementation under test: a gate that goes green having
   // compared nothing proves nothing.
-  if (!report.cases.empty() && report.passed() == 0 && report.failed() == 0) {
-    std::cerr << "gradscope: error: nothing judged: " << report.implementation.ns
-              << " declined all " << report.cases.size()
-              << " selected cases (UNSUPPORTED); select cases it implements\n";
+  if (!report.cases.empty() && report.passed() == 0 && report.failed() == 0 &&
+      !o.allow_unsupported) {
+    std::cerr << "gradscope: error: no case was judged: " << report.unsupported()
+              << " unsupported (" << report.implementation.ns << " declined all "
+              << report.cases.size()
+              << " selected cases); select cases it implements, or pass --allow-unsupported\n";
     return 2;
   }
   return report.failed() == 0 && regressions == 0 ? 0 : 1;
@@ -658,6 +662,17 @@ int command_diff(const std::string& a, const std::string& b, const report::DiffO
   return result.differing == 0 ? 0 : 1;
 }
 
+// Exit 1 when the selection misses a required axis value, residue or pair (docs/coverage.md).
+int command_coverage(const Selection& sel, const std::string& json) {
+  check_outputs({{"--json", json}}, {});
+  std::vector<CaseSpec> specs;
+  for (auto& sc : select_cases(sel)) specs.push_back(std::move(sc.spec));
+  const auto report = measure_coverage(specs);
+  print_coverage(std::cout, report);
+  if (!json.empty()) report::write_output_file(json, coverage_json(report).dump(2) + "\n");
+  return report.missing() == 0 ? 0 : 1;
+}
+
 int command_list(const Selection& sel) {
   for (const auto& sc : select_cases(sel)) std::cout << sc.id << '\n';
   return 0;
@@ -751,6 +766,9 @@ int run_cli(int argc, const char* const* argv) {
   run->add_flag("--quiet", outputs.quiet, "print only failing cases and the summary");
   run->add_flag("--fail-fast", outputs.fail_fast,
                 "stop at the first failing case (exit 1; the reports hold the cases run)");
+  run->add_flag("--allow-unsupported", outputs.allow_unsupported,
+                "exit 0 when the implementation declined every case (default: exit 2, nothing "
+                "was judged)");
   run->add_option("--dist-timeout", outputs.dist_timeout,
                   "under torchrun: seconds a rank waits for another (default 300)")
       ->check(CLI::Range(1, 86400));
@@ -837,6 +855,13 @@ int run_cli(int argc, const char* const* argv) {
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
+  Selection coverage_sel;
+  std::string coverage_json_file;
+  auto* coverage = app.add_subcommand(
+      "coverage", "what the selected cases reach: axis values, pairs, token and feature residues");
+  add_selection_options(coverage, coverage_sel);
+  coverage->add_option("--json", coverage_json_file, "write the coverage as JSON to FILE")
+      ->check(kNonEmpty);
   std::string show_file, show_path;
   auto* show = app.add_subcommand("show", "print the tree of an HDF5 dump, or one group/tensor");
   show->add_option("file", show_file, "dump (HDF5)")->required();
@@ -885,6 +910,7 @@ int run_cli(int argc, const char* const* argv) {
       return command_faults();
     }
     if (diff->parsed()) return command_diff(diff_a, diff_b, diff_options, diff_json);
+    if (coverage->parsed()) return command_coverage(coverage_sel, coverage_json_file);
     if (dequant->parsed()) {
       check_outputs({{"--out", dq_out}}, {}, dq_dir);
       return command_dequant(std::cout, dq_dir, dq_module, dq_out);

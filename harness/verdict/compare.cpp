@@ -213,7 +213,7 @@ std::pair<int64_t, int64_t> non_finite(const at::Tensor& t) {
 report::Check compare_ratio(const RatioInputs& in) {
   report::Check check;
   check.path = in.path;
-  check.compared = "prod and same-dtype baseline vs fp64 reference";
+  check.compared = "prod and the plain baseline in the case's dtypes vs fp64 reference";
   check.gate_on_mean = in.statistic == ErrorStatistic::kMeanAbs;
   const std::string& path = in.path;
   if (auto wrong = attribute_mismatch(path, in.prod, in.expected)) {

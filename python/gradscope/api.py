@@ -142,12 +142,14 @@ def check(
     json_path: Optional[str] = None,
     extra_args: Sequence[str] = (),
     raise_on_failure: bool = True,
+    allow_unsupported: bool = False,
 ) -> List[Case]:
     """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
 
-    Raises GradscopeInputError when the run cannot judge its cases (exit 2) and, unless
-    raise_on_failure is False, AssertionError listing every failing check with its message
-    and the command that replays the case.
+    Raises GradscopeInputError when the run cannot judge its cases (exit 2: bad input, or
+    `impl` declined every case, unless allow_unsupported) and, unless raise_on_failure is
+    False, AssertionError listing every failing check with its message and the command that
+    replays the case.
     """
     if isinstance(cases, str):
         cases = [cases]
@@ -161,6 +163,8 @@ def check(
                             ("--dtype", dtype), ("--seed", seed)):
             if value is not None:
                 args += [flag, str(value)]
+        if allow_unsupported:
+            args.append("--allow-unsupported")
         args += list(extra_args)
         with _CapturedFd() as captured:
             code = _run(args)

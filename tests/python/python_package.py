@@ -104,6 +104,16 @@ def main(cases_dir):
         assert c.status == "fail" and f"backward of call {n} raises" in c.checks[0].message, c
     assert all(c.status == "unsupported" for c in cases if c not in fp16), cases
 
+    # plain_py declines 3-bit weights: a check of only 3-bit cases judged nothing and raises,
+    # unless told that is acceptable.
+    try:
+        gradscope.check(variants, impl="plain_py", filter="*.b3g*")
+        raise RuntimeError("a check that judged nothing returned")
+    except gradscope.GradscopeInputError as e:
+        assert "no case was judged: 16 unsupported" in str(e), e
+    declined = gradscope.check(variants, impl="plain_py", filter="*.b3g*", allow_unsupported=True)
+    assert len(declined) == 16 and all(c.status == "unsupported" for c in declined), declined
+
     assert hasattr(torch.ops.gradscope, "lora_w")
     assert gradscope.OP_SCHEMA_VERSION == 2
     assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")

@@ -1,6 +1,7 @@
 """Plausible bugs of a third party's LoRA kernels, none of them in gradscope's fault list, each
 registered as its own namespace over tests/python/plain_torch_impl.py's correct code. The
-gate must fail every one (CTest third_party_bugs_caught):
+gate must fail every one (CTest third_party_bugs_caught), and the tail and type-pair bugs of
+tests/python/tail_and_pair_bugs.py too:
 
   no_dropout_rescale  the dropout mask applied without the 1 / (1 - p) rescale
   ignore_rslora       alpha / r even when rsLoRA asks for alpha / sqrt(r)
@@ -75,34 +76,81 @@ for bug in BUGS:
     _libraries.append(lib)
 
 
-def main(cases_dir):
-    """Runs each bug over the smoke LoRA_W files and requires exit 1 (a check failed)."""
-    import os
+def _gradscope(impl, module, files, *extra):
     import subprocess
     import sys
+
+    p = subprocess.run([sys.executable, "-m", "gradscope", "run", *files, "--quiet", "--impl", impl,
+                        "--import", module, *extra], capture_output=True, text=True)
+    summary = [line for line in p.stdout.splitlines() if " passed, " in line][-1:]
+    return p, summary[0] if summary else p.stderr.strip()
+
+
+def smoke_files(cases_dir, first=()):
+    """Every smoke file, those named in `first` ahead (the run stops at the first failure)."""
+    import glob
+    import os
+
+    files = sorted(glob.glob(os.path.join(cases_dir, "smoke", "*.toml")))
+    ahead = [f for f in files if os.path.basename(f).startswith(tuple(first))]
+    return ahead + [f for f in files if f not in ahead]
+
+
+def main(cases_dir, device_args=()):
+    """Runs each bug over the smoke files and requires exit 1 (a check failed); device_args
+    (["--device", "cuda"]) are passed to every run."""
+    import os
 
     def smoke(*names):
         return [os.path.join(cases_dir, "smoke", f + ".toml") for f in names]
 
     files = smoke("lora_w", "lora_w_variants", "mlp_formats", "realistic_lora",
                   "range_adapter_grads")
-    runs = [(bug, files, 1) for bug in BUGS]
+    runs = [(bug, "third_party_bugs", files, 1, ()) for bug in BUGS]
     # Continuous inputs hide it (the MLP's h is no such input: its fp16/bf16 products underflow
     # to exact zeros, and the files above catch the bug there)...
-    runs.append(("mask_from_zeros", smoke("lora_w", "qkv"), 0))
+    runs.append(("mask_from_zeros", "third_party_bugs", smoke("lora_w", "qkv"), 0, ()))
     # ... and activations with exact zeros show it.
-    runs.append(("mask_from_zeros", smoke("range_zero_inputs"), 1))
-    for bug, run_files, expected in runs:
-        p = subprocess.run([sys.executable, "-m", "gradscope", "run", *run_files, "--quiet",
-                            "--impl", bug, "--import", "third_party_bugs"],
-                           capture_output=True, text=True)
-        summary = [line for line in p.stdout.splitlines() if " passed, " in line][-1:]
+    runs.append(("mask_from_zeros", "third_party_bugs", smoke("range_zero_inputs"), 1, ()))
+    # The tail and type-pair bugs: the whole smoke suite, stopping at the first failing case,
+    # and the same implementation without a bug passes the files written for them.
+    import tail_and_pair_bugs
+
+    new_files = smoke_files(cases_dir, first=("pairs_", "tails_"))
+    for bug in tail_and_pair_bugs.BUGS:
+        runs.append((bug, "tail_and_pair_bugs", new_files, 1, ("--fail-fast",)))
+    runs.append(("tail_and_pair_correct", "tail_and_pair_bugs",
+                 [f for f in new_files if os.path.basename(f).startswith(("pairs_", "tails_"))],
+                 0, ()))
+    for bug, module, run_files, expected, extra in runs:
+        p, summary = _gradscope(bug, module, run_files, *extra, *device_args)
         print(f"{bug} over {len(run_files)} files: exit {p.returncode} (expected {expected}); "
-              f"{summary[0] if summary else p.stderr.strip()}")
+              f"{summary}")
         assert p.returncode == expected, p.stdout + p.stderr
+
+
+def survey(files):
+    """Which files catch each tail and pair bug: one line per (bug, file), for the logs."""
+    import os
+
+    import tail_and_pair_bugs
+
+    for bug in tail_and_pair_bugs.BUGS:
+        caught = []
+        for f in files:
+            p, summary = _gradscope(bug, "tail_and_pair_bugs", [f])
+            name = os.path.basename(f)
+            print(f"{bug:24s} {name:28s} exit {p.returncode}  {summary}", flush=True)
+            if p.returncode == 1:
+                caught.append(name)
+        print(f"{bug}: caught by {len(caught)} of {len(files)} files"
+              f"{': ' + ', '.join(caught) if caught else ' (MISSED)'}", flush=True)
 
 
 if __name__ == "__main__":
     import sys
 
-    main(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[1] == "--survey":
+        survey(sys.argv[2:])
+    else:
+        main(sys.argv[1], sys.argv[2:])
