@@ -76,8 +76,8 @@ TEST(Impl, ARunWhoseCasesAreAllDeclinedJudgedNothingAndExits2) {
   EXPECT_TRUE(has(r.err, "no case was judged: 48 unsupported (declines_dropout declined all 48"))
       << r.err;
   // --allow-unsupported: the former behaviour, for those who want it.
-  const auto allowed = run_impl("declines_dropout", {kCases + "/smoke/lora_w_variants.toml",
-                                                     "--allow-unsupported"});
+  const auto allowed =
+      run_impl("declines_dropout", {kCases + "/smoke/lora_w_variants.toml", "--allow-unsupported"});
   EXPECT_EQ(allowed.code, 0) << allowed.out << allowed.err;
 }
 

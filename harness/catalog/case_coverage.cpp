@@ -99,11 +99,11 @@ const std::vector<KindRule>& kind_rules() {
     qkv.push_back({"gqa_ratio", {"1", "2", "4"}, [](const CaseSpec& s) {
                      return std::to_string(s.get_int("heads") / s.get_int("kv_heads"));
                    }});
-    r.push_back({"qkv", qkv, lora_tokens, [](const CaseSpec& s) {
-                   const int64_t hidden = s.get_int("hidden");
-                   return std::vector<int64_t>{hidden,
-                                               hidden / s.get_int("heads") * s.get_int("kv_heads")};
-                 }});
+    r.push_back(
+        {"qkv", qkv, lora_tokens, [](const CaseSpec& s) {
+           const int64_t hidden = s.get_int("hidden");
+           return std::vector<int64_t>{hidden, hidden / s.get_int("heads") * s.get_int("kv_heads")};
+         }});
     r.push_back({"mlp", lora_axes(), lora_tokens, [](const CaseSpec& s) {
                    return std::vector<int64_t>{s.get_int("hidden"), s.get_int("intermediate")};
                  }});
@@ -279,15 +279,15 @@ void print_coverage(std::ostream& out, const CoverageReport& report) {
       out << "\n";
     }
     if (!k.token_counts.empty()) {
-      out << "  " << std::left << std::setw(16) << "token counts" << " "
-          << join_counts(k.token_counts, 24) << "\n";
+      out << "  " << std::left << std::setw(16) << "token counts"
+          << " " << join_counts(k.token_counts, 24) << "\n";
       print_residues(out, "token residues", k.token_residues);
     }
-    out << "  " << std::left << std::setw(16) << "feature counts" << " "
-        << join_counts(k.feature_counts, 24) << "\n";
+    out << "  " << std::left << std::setw(16) << "feature counts"
+        << " " << join_counts(k.feature_counts, 24) << "\n";
     print_residues(out, "feature residues", k.feature_residues);
-    out << "  " << std::left << std::setw(16) << "pairs" << " "
-        << k.pairs_required - static_cast<int64_t>(k.missing_pairs.size()) << " of "
+    out << "  " << std::left << std::setw(16) << "pairs"
+        << " " << k.pairs_required - static_cast<int64_t>(k.missing_pairs.size()) << " of "
         << k.pairs_required << " reached\n";
   }
   const int64_t missing = report.missing();

@@ -19,9 +19,9 @@ namespace gradscope {
 
 struct AxisCoverage {
   std::string name;
-  bool in_pairs = true;                   // part of the pairwise requirement
-  std::map<std::string, int64_t> reached; // value -> cases
-  std::vector<std::string> missing;       // required values no case takes
+  bool in_pairs = true;                    // part of the pairwise requirement
+  std::map<std::string, int64_t> reached;  // value -> cases
+  std::vector<std::string> missing;        // required values no case takes
 };
 
 // Counts modulo `modulus`: the residues reached and the required classes missed ("0", "1",

@@ -198,7 +198,8 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
           }
           const auto* matrix = table.get("matrix");
           if (matrix && matrix->is_table() && matrix->as_table()->contains(ename)) {
-            throw InputError(eat + ": key '" + ename + "' is set both in [matrix] and in [[cases]]");
+            throw InputError(eat + ": key '" + ename +
+                             "' is set both in [matrix] and in [[cases]]");
           }
           entry.push_back({field, from_toml(*field, enode, eat), eat});
         }

@@ -96,9 +96,9 @@ void lora_fields(Dice& d, Toml& t, bool dropout, bool flat_input, int64_t max_to
   int64_t batch = d.pick<int64_t>({1, 1, 2, 3, 4});
   if (flat_input && d.chance(0.2)) batch = 0;
   // Half the time a count at a block's tail (1, 2^k - 1, 2^k + 1, odd) rather than a round one.
-  const int64_t drawn = d.chance(0.5)
-                            ? d.pick<int64_t>({1, 3, 7, 9, 15, 17, 31, 33, 63, 65, 127, 129, 255, 257})
-                            : d.pick<int64_t>({16, 32, 48, 64});
+  const int64_t drawn =
+      d.chance(0.5) ? d.pick<int64_t>({1, 3, 7, 9, 15, 17, 31, 33, 63, 65, 127, 129, 255, 257})
+                    : d.pick<int64_t>({16, 32, 48, 64});
   const int64_t seq = std::min<int64_t>(drawn, max_tokens / std::max<int64_t>(batch, 1));
   t.set("batch", batch);
   t.set("seq", std::max<int64_t>(seq, 1));

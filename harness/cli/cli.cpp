@@ -314,7 +314,7 @@ struct RunOutputs {
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
   bool allow_unsupported = false;  // a run that judged nothing exits 0 instead of 2
-  int dist_timeout = 300;  // seconds: under torchrun, the longest wait for another rank
+  int dist_timeout = 300;          // seconds: under torchrun, the longest wait for another rank
 };
 
 void check_run_outputs(const RunOutputs& o, const Selection& sel) {
