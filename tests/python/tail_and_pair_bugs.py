@@ -29,6 +29,7 @@ import math
 import torch
 
 import gradscope
+from plain_torch_impl import make_lora_mlp, make_lora_qkv
 
 BUGS = ("token_tail_no_adapter", "odd_token_pairs", "grad_token_tail", "k_tail_tile",
         "n_tail_bias", "bf16_scales_fma", "out_in_v1_zeros", "lora_asym_as_sym",
@@ -140,27 +141,6 @@ def make_lora_w(bug):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     return lora_w
-
-
-def make_lora_qkv(lora_w):
-    def lora_qkv(x, q, k, v, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
-                 dropout_p=0.0):
-        return [lora_w(x, p, bits, zero_format, lora_alpha, use_rslora, dropout_mask, dropout_p)
-                for p in (q, k, v)]
-
-    return lora_qkv
-
-
-def make_lora_mlp(lora_w):
-    def lora_mlp(x, gate, up, down, bits, zero_format, lora_alpha, use_rslora, dropout_x=None,
-                 dropout_h=None, dropout_p=0.0):
-        args = (bits, zero_format, lora_alpha, use_rslora)
-        e = lora_w(x, gate, *args, dropout_x, dropout_p)
-        g = lora_w(x, up, *args, dropout_x, dropout_p)
-        h = torch.nn.functional.silu(e) * g
-        return lora_w(h, down, *args, dropout_h, dropout_p)
-
-    return lora_mlp
 
 
 # Every namespace has all four operators (a bug's mistake only where it applies), and
