@@ -28,7 +28,7 @@
 #include "harness/checkpoint/checkpoint_shards.h"
 #include "harness/checkpoint/checkpoint_writer.h"
 #include "harness/common/cli_parse.h"
-#include "harness/common/dtype_names.h"
+#include "harness/common/dtypes.h"
 #include "harness/common/file_system.h"
 #include "reports/output_file.h"
 

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "harness/catalog/case_file.h"
-#include "harness/catalog/runner_registry.h"
+#include "harness/catalog/kind_registry.h"
 #include "harness/common/input_error.h"
-#include "harness/spec/case_runner.h"
+#include "harness/engine/case_kind.h"
 #include "harness/spec/case_spec.h"
 #include "test_files.h"
 
@@ -37,7 +37,7 @@ TEST(CaseFile, DefaultsFillEveryField) {
   EXPECT_EQ(c.get_string("device"), "cpu");
   EXPECT_EQ(c.origin("bits"), "default");
   EXPECT_EQ(c.fields().size(), schema_for_kind("dequant").size());
-  EXPECT_EQ(find_runner("dequant")->case_id(c), "dequant.fp32.k256n128.b4g128.v1.sym.s1");
+  EXPECT_EQ(find_kind("dequant")->case_id(c), "dequant.fp32.k256n128.b4g128.v1.sym.s1");
 }
 
 TEST(CaseFile, MatrixExpandsToTheCartesianProduct) {
@@ -52,7 +52,7 @@ dtype = ["fp16", "bf16", "fp32"]
 )"));
   EXPECT_EQ(cases.size(), 24u);
   std::set<std::string> ids;
-  for (const auto& c : cases) ids.insert(find_runner("dequant")->case_id(c));
+  for (const auto& c : cases) ids.insert(find_kind("dequant")->case_id(c));
   EXPECT_EQ(ids.size(), 24u);
   EXPECT_TRUE(ids.count("dequant.bf16.k64n32.b3g128.v1.asym.s1")) << *ids.begin();
 }
@@ -73,8 +73,8 @@ in_features = 40
 sym = false
 )"));
   ASSERT_EQ(cases.size(), 4u);
-  EXPECT_EQ(find_runner("dequant")->case_id(cases[0]), "dequant.fp16.k96n32.b3g128.v1.sym.s1");
-  EXPECT_EQ(find_runner("dequant")->case_id(cases[3]), "dequant.bf16.k40n32.b4g128.v1.asym.s1");
+  EXPECT_EQ(find_kind("dequant")->case_id(cases[0]), "dequant.fp16.k96n32.b3g128.v1.sym.s1");
+  EXPECT_EQ(find_kind("dequant")->case_id(cases[3]), "dequant.bf16.k40n32.b4g128.v1.asym.s1");
   EXPECT_EQ(cases[3].origin("sym"), dir.path("r.toml") + ":11");
   // A key in an entry and at the top level or in [matrix]; an entry's value validated.
   EXPECT_NE(load_error(dir.write("t.toml", "kind = \"dequant\"\nbits = 4\n[[cases]]\nbits = 2\n"))
@@ -293,7 +293,7 @@ TEST(CaseFile, EveryFieldIsDocumented) {
   std::ifstream in(std::string(GRADSCOPE_TEST_CASES_DIR) + "/../docs/case-files.md");
   ASSERT_TRUE(in) << "docs/case-files.md missing";
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const auto& kind : runner_kinds()) {
+  for (const auto& kind : kind_names()) {
     bool heading = false;  // a "## " heading names the kind
     std::istringstream lines(doc);
     for (std::string line; std::getline(lines, line);) {

@@ -6,7 +6,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "harness/catalog/runner_registry.h"
+#include "harness/catalog/kind_registry.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
 #include "harness/spec/toml_library.h"
@@ -109,16 +109,15 @@ SpecValue parse_text(const FieldSpec& field, const std::string& text, const std:
 }
 
 void validate_case(const CaseSpec& spec) {
-  const CaseRunner* runner = find_runner(spec.kind);
-  runner->validate(spec);
+  find_kind(spec.kind)->validate(spec);
 }
 
 }  // namespace
 
 std::vector<FieldSpec> schema_for_kind(const std::string& kind) {
   std::vector<FieldSpec> schema = common_fields();
-  if (const CaseRunner* runner = find_runner(kind)) {
-    for (auto& f : runner->fields()) schema.push_back(std::move(f));
+  if (const CaseKind* k = find_kind(kind)) {
+    for (const auto& f : k->fields()) schema.push_back(f);
   }
   return schema;
 }
@@ -138,14 +137,14 @@ std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::stri
   if (!kind_node) {
     throw InputError(path + ": missing key 'kind' (a string: one of " + [] {
       std::string k;
-      for (const auto& n : runner_kinds()) k += (k.empty() ? "" : ", ") + n;
+      for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
       return k;
     }() + ")");
   }
   const std::string kind = kind_node->as_string()->get();
-  if (!find_runner(kind)) {
+  if (!find_kind(kind)) {
     std::string k;
-    for (const auto& n : runner_kinds()) k += (k.empty() ? "" : ", ") + n;
+    for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
     throw InputError(where(path, kind_node->source()) + ": unknown kind '" + kind +
                      "'; expected one of " + k);
   }

@@ -14,6 +14,7 @@
 #include "harness/common/file_system.h"
 #include "harness/common/host_memory.h"
 #include "harness/common/input_error.h"
+#include "harness/common/llama_projections.h"
 #include "harness/generate/gptq_layer_gen.h"
 #include "reports/output_file.h"
 
@@ -40,7 +41,8 @@ void export_checkpoint(const ExportOptions& o) {
   }
   const auto q =
       quantize_options(o.bits, o.group_size, o.sym, o.desc_act, o.static_groups, o.format);
-  for (const char* p : kProjections) {
+  for (const auto& projection : kLlamaProjections) {
+    const std::string p(projection.name);
     const auto [in, out] = projection_shape(dims, p);
     if (in % packing_multiple(o.bits) != 0 || out % packing_multiple(o.bits) != 0) {
       throw InputError(std::string(p) + " [" + std::to_string(in) + " -> " + std::to_string(out) +
@@ -52,7 +54,8 @@ void export_checkpoint(const ExportOptions& o) {
   // What the export holds at once, estimated before allocating: one projection quantized in
   // fp64 (a few copies of in x out) and every packed layer until the files are written.
   double largest = 0, packed = 0;
-  for (const char* p : kProjections) {
+  for (const auto& projection : kLlamaProjections) {
+    const std::string p(projection.name);
     const auto [in, out] = projection_shape(dims, p);
     largest = std::max(largest, 4.0 * 8.0 * static_cast<double>(in) * static_cast<double>(out));
     packed += static_cast<double>(o.layers) * static_cast<double>(in) * static_cast<double>(out) *
@@ -73,7 +76,8 @@ void export_checkpoint(const ExportOptions& o) {
   std::vector<std::vector<safetensors::OutputTensor>> shards(o.shards);
   for (int64_t layer = 0; layer < o.layers; ++layer) {
     auto& shard = shards[layer * o.shards / o.layers];
-    for (const char* p : kProjections) {
+    for (const auto& projection : kLlamaProjections) {
+      const std::string p(projection.name);
       const auto [in, out] = projection_shape(dims, p);
       const std::string name = module_name(layer, p);
       const auto packed = pack_gptq(quantize_seeded_layer(o.seed, name + ".", in, out, q), o.bits,

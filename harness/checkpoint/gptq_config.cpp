@@ -1,5 +1,7 @@
 #include "harness/checkpoint/gptq_config.h"
 
+#include "harness/common/llama_projections.h"
+
 #include <ATen/ATen.h>
 
 #include <cstring>
@@ -204,9 +206,6 @@ at::ScalarType scalar_type(const std::string& dtype) {
 
 }  // namespace
 
-const char* const kProjections[7] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                     "gate_proj", "up_proj", "down_proj"};
-
 safetensors::OutputTensor to_safetensors(const std::string& name, const at::Tensor& t) {
   const auto c = t.contiguous().cpu();
   safetensors::OutputTensor out;
@@ -224,9 +223,7 @@ at::Tensor from_safetensors(const safetensors::File& file, const safetensors::Te
 }
 
 std::string module_name(int64_t layer, const std::string& projection) {
-  const bool attention = projection == "q_proj" || projection == "k_proj" ||
-                         projection == "v_proj" || projection == "o_proj";
-  return "model.layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") +
+  return "model.layers." + std::to_string(layer) + "." + std::string(module_of(projection)) + "." +
          projection;
 }
 

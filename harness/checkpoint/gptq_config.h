@@ -37,9 +37,6 @@ at::Tensor from_safetensors(const safetensors::File& file, const safetensors::Te
 // [in_features, out_features] of a projection of this model.
 std::pair<int64_t, int64_t> projection_shape(const ModelDims& dims, const std::string& projection);
 
-// The projections of a decoder layer, in checkpoint order.
-extern const char* const kProjections[7];
-
 // A JSON file, parsed; an InputError naming the file when it is missing or malformed.
 nlohmann::json read_json_file(const std::string& path);
 // quantize_config.json, else config.json's quantization_config, of a checkpoint folder.

@@ -11,14 +11,12 @@
 #include "harness/catalog/case_file.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
+#include "harness/common/llama_projections.h"
 #include "harness/common/tensor_bridge.h"
 #include "reports/hdf5_dump.h"
 
 namespace gradscope {
 namespace {
-
-const std::vector<std::string> kAllProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                  "gate_proj", "up_proj", "down_proj"};
 
 std::string toml_string(const std::string& s) {
   std::string out = "\"";
@@ -37,9 +35,11 @@ std::vector<CaseSpec> checkpoint_cases(const CheckpointSelection& sel) {
   const auto& q = ckpt.config();
   std::vector<int64_t> layers = sel.layers.empty() ? std::vector<int64_t>{0} : sel.layers;
   std::set<std::string> projections(sel.projections.begin(), sel.projections.end());
-  if (projections.empty()) projections.insert(kAllProjections.begin(), kAllProjections.end());
+  if (projections.empty()) {
+    for (const auto& p : kLlamaProjections) projections.emplace(p.name);
+  }
   for (const auto& p : projections) {
-    if (std::find(kAllProjections.begin(), kAllProjections.end(), p) == kAllProjections.end()) {
+    if (!is_llama_projection(p)) {
       throw InputError("--projections: unknown projection '" + p +
                        "'; expected q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
     }

@@ -23,7 +23,7 @@
 #include "harness/catalog/case_coverage.h"
 #include "harness/catalog/case_file.h"
 #include "harness/catalog/case_sampler.h"
-#include "harness/catalog/runner_registry.h"
+#include "harness/catalog/kind_registry.h"
 #include "harness/checkpoint/checkpoint_writer.h"
 #include "harness/checkpoint/gptq_config.h"
 #include "harness/cli/checkpoint_commands.h"
@@ -33,7 +33,7 @@
 #include "harness/common/input_error.h"
 #include "harness/distributed/process_ranks.h"
 #include "harness/impl/impl_ops.h"
-#include "harness/spec/case_runner.h"
+#include "harness/engine/case_kind.h"
 #include "harness/spec/case_spec.h"
 #include "harness/verdict/regression_gate.h"
 #include "reports/case_wire.h"
@@ -126,7 +126,7 @@ std::vector<SelectedCase> select_cases(const Selection& sel) {
     if (!sel.device.empty()) override_field(spec, "device", sel.device, "--device");
     if (!sel.dtype.empty()) override_field(spec, "dtype", sel.dtype, "--dtype");
     if (sel.seed >= 0) override_field(spec, "seed", std::to_string(sel.seed), "--seed");
-    std::string id = find_runner(spec.kind)->case_id(spec);
+    std::string id = find_kind(spec.kind)->case_id(spec);
     if (!sel.filter.empty() && fnmatch(sel.filter.c_str(), id.c_str(), 0) != 0) continue;
     if (!seen.insert(id).second) continue;  // an override can make two cases identical
     selected.push_back({std::move(spec), std::move(id)});
@@ -169,7 +169,7 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
   const auto start = std::chrono::steady_clock::now();
   // Refused before anything is allocated: a case that cannot fit would be killed by the
   // kernel's out-of-memory handler part way, not fail with a message.
-  const double at_least = find_runner(sc.spec.kind)->host_bytes_at_least(sc.spec);
+  const double at_least = find_kind(sc.spec.kind)->host_bytes_at_least(sc.spec);
   const double memory = host_memory_bytes();
   if (memory > 0 && at_least > memory) {
     result.input_error = sc.id + ": needs at least " + format_gib(at_least) +
@@ -182,7 +182,7 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
   for (const auto& lib : options.ops_libraries)
     result.replay += " --ops-library " + shell_quote(lib);
   try {
-    auto output = find_runner(sc.spec.kind)->run(sc.spec, sc.id, options);
+    auto output = find_kind(sc.spec.kind)->run(sc.spec, sc.id, options);
     result.checks = std::move(output.checks);
     result.metrics = std::move(output.metrics);
     result.loss_curve = std::move(output.loss_curve);
@@ -357,7 +357,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const RunOutp
     std::string skipped;
     int64_t skipped_count = 0;
     for (auto& sc : selected) {
-      const int64_t needed = find_runner(sc.spec.kind)->processes_needed(sc.spec);
+      const int64_t needed = find_kind(sc.spec.kind)->processes_needed(sc.spec);
       if (needed > 0 && needed != ranks->world_size()) {
         skipped += "\n  " + sc.id + " (world_size " + std::to_string(needed) + ")";
         ++skipped_count;
@@ -378,7 +378,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const RunOutp
     owner.assign(selected.size(), -1);
     int next = 0;
     for (size_t i = 0; i < selected.size(); ++i) {
-      if (find_runner(selected[i].spec.kind)->processes_needed(selected[i].spec) == 0) {
+      if (find_kind(selected[i].spec.kind)->processes_needed(selected[i].spec) == 0) {
         owner[i] = next++ % ranks->world_size();
       }
     }
@@ -403,7 +403,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const RunOutp
   std::set<std::string> kinds, ops;
   for (const auto& sc : selected) kinds.insert(sc.spec.kind);
   for (const auto& kind : kinds) {
-    const auto kind_ops = find_runner(kind)->prod_ops();
+    const auto kind_ops = find_kind(kind)->prod_ops();
     if (kind_ops.empty() && !o.impl.is_default()) {
       throw InputError("--impl " + o.impl.ns + ": kind '" + kind +
                        "' runs gradscope's own kernels only (its ranks shard gradscope's "
@@ -600,7 +600,7 @@ int command_sample(const SampleCommand& cmd, const RunOutputs& o, const std::str
   std::vector<SelectedCase> selected;
   std::set<std::string> seen;
   for (auto& c : draw.cases) {
-    std::string id = find_runner(c.spec.kind)->case_id(c.spec);
+    std::string id = find_kind(c.spec.kind)->case_id(c.spec);
     if (!seen.insert(id).second) continue;  // two draws of one configuration run once
     selected.push_back({std::move(c.spec), std::move(id)});
   }

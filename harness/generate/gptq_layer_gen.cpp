@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "harness/common/dtype_names.h"
+#include "harness/common/dtypes.h"
 #include "harness/generate/seeded_streams.h"
 
 namespace gradscope {

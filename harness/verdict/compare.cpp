@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/common/dtypes.h"
 #include "harness/common/tensor_bridge.h"
 
 #include <cmath>
@@ -167,16 +168,7 @@ report::Check compare_exact(const std::string& path, const std::string& compared
 }
 
 double dtype_epsilon(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return 0x1.0p-10;
-    case at::kBFloat16:
-      return 0x1.0p-7;
-    case at::kDouble:
-      return 0x1.0p-52;
-    default:
-      return 0x1.0p-23;
-  }
+  return floating_facts(dtype).epsilon;
 }
 
 double ulp(double magnitude, at::ScalarType dtype) {

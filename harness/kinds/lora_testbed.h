@@ -6,20 +6,24 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "gradscope/lora_ops.h"
+#include "harness/engine/case_kind.h"
 #include "harness/generate/gptq_layer_gen.h"
 #include "harness/generate/input_profiles.h"
 #include "harness/impl/impl_ops.h"
-#include "harness/spec/case_runner.h"
 #include "harness/verdict/compare.h"
 #include "reference/lora_reference.h"
 #include "reference/rounding_noise.h"
 
 namespace gradscope::lora_testbed {
+
+// Which of the two implementations a copy of the case's tensors belongs to: the one under
+// test (prod) or the unfused baseline (base).
+enum class Role { kProd, kBase };
 
 // The reference's fp64 copy of a projection [in, out] and of the activations and gradients
 // on its two sides over the case's tokens: what any LoRA case holds at least, per projection.
@@ -75,6 +79,7 @@ struct Projection {
   LoraProjection prod;
   LoraProjection base;
   reference::Projection ref;
+  const LoraProjection& of(Role role) const { return role == Role::kProd ? prod : base; }
 };
 // `layer` > 0 (1-based position in a stack of layers) draws from streams
 // "layers.<layer>.<name>..." and reads the checkpoint's layer c.layer + layer - 1, so a stack
@@ -87,6 +92,7 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
 struct Activation {
   at::Tensor prod, base;
   reference::Matrix ref;
+  const at::Tensor& of(Role role) const { return role == Role::kProd ? prod : base; }
 };
 // An activation drawn by the case's input profile.
 Activation make_activation(const Config& c, const std::string& name, int64_t features,
@@ -145,41 +151,33 @@ class Checks {
   std::vector<report::Check> checks_;
 };
 
-// Wall time of one phase of a case and, for prod and base on CUDA, the peak memory
-// the caching allocator handed out during it.
-class Measure {
- public:
-  explicit Measure(const Config& c, bool track_memory = true);
-  // Appends <name>.seconds (since construction; on CUDA after a synchronize) and, when
-  // tracking memory, <name>.peak_allocated_gib to `metrics`.
-  void finish(const std::string& name, std::vector<std::pair<std::string, double>>& metrics);
-
- private:
-  at::Device device_;
-  bool track_memory_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 // For dumps: the generated inputs of a case (x, output gradients, initial adapters,
 // dropout masks), recorded only when the run keeps tensors.
-void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
+void keep_inputs(CaseResult& out, bool keep_tensors, const Activation& x,
                  const std::vector<std::pair<std::string, const Activation*>>& output_grads,
                  const std::vector<const Projection*>& projections,
                  const std::vector<std::pair<std::string, const Dropout*>>& dropouts);
 
-enum class Impl { kProd, kBase };
+// A projection's copy for one implementation, under its name.
+struct NamedProjection {
+  std::string name;
+  const LoraProjection* projection;
+};
+// The projections of one implementation.
+std::vector<NamedProjection> copies_of(const std::vector<const Projection*>& projections,
+                                       Role role);
 
-// The gradients one implementation returns: of its input, and of each projection's adapters.
+// The gradients one implementation returns: of its input, and of each projection's adapters
+// by projection name.
 struct Gradients {
   at::Tensor dx;
-  std::vector<AdapterGrads> adapters;  // in the order the projections were given
+  std::map<std::string, AdapterGrads> adapters;
+  const AdapterGrads& of(const std::string& projection) const;
 };
 // Backpropagates `grad_outputs` from `outputs` to x (when it requires grad) and every adapter
 // of `projections`.
 Gradients backward(const std::vector<at::Tensor>& outputs,
                    const std::vector<at::Tensor>& grad_outputs, const at::Tensor& x,
-                   const std::vector<const LoraProjection*>& projections);
-// The projections of one implementation.
-std::vector<const LoraProjection*> of(const std::vector<const Projection*>& projections, Impl impl);
+                   const std::vector<NamedProjection>& projections);
 
 }  // namespace gradscope::lora_testbed

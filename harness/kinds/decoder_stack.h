@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "gradscope/decoder_layer.h"
-#include "harness/runners/lora_testbed.h"
+#include "harness/common/llama_projections.h"
+#include "harness/kinds/lora_testbed.h"
 #include "reference/layer_reference.h"
 
 namespace gradscope::decoder_stack {
@@ -30,7 +31,7 @@ struct Dims {
 };
 
 struct StackLayer {
-  std::vector<lora_testbed::Projection> projections;  // q k v o gate up down
+  std::vector<lora_testbed::Projection> projections;  // in the order of kLlamaProjections
   at::Tensor input_norm, post_attention_norm;         // case dtype, host
   reference::Layer ref;
 };
@@ -43,8 +44,8 @@ std::vector<StackLayer> make_stack(const lora_testbed::Config& c, const Dims& d)
 
 // Prod's or the baseline's copy of one layer, on the case device.
 DecoderLayer device_layer(const lora_testbed::Config& c, const Dims& d, const StackLayer& layer,
-                          lora_testbed::Impl impl, int64_t position_offset);
-// The seven projections of a layer with their module ("self_attn" or "mlp").
-const char* module_of(size_t projection);
+                          lora_testbed::Role role, int64_t position_offset);
+// A device layer's seven projections by name, for backward().
+std::vector<lora_testbed::NamedProjection> named_projections(const DecoderLayer& layer);
 
 }  // namespace gradscope::decoder_stack

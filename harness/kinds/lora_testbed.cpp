@@ -1,4 +1,4 @@
-#include "harness/runners/lora_testbed.h"
+#include "harness/kinds/lora_testbed.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -10,16 +10,11 @@
 #include <sstream>
 
 #include "harness/checkpoint/checkpoint_reader.h"
-#include "harness/common/dtype_names.h"
+#include "harness/common/dtypes.h"
 #include "harness/common/input_error.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/generate/seeded_streams.h"
 #include "harness/verdict/compare.h"
-
-#ifdef GRADSCOPE_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 namespace gradscope::lora_testbed {
 
@@ -114,16 +109,8 @@ std::string Config::id_suffix() const {
 }
 
 reference::Format format_of(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return {0x1.0p-11, 0x1.0p-25, 65504.0};
-    case at::kBFloat16:
-      return {0x1.0p-8, 0x1.0p-134, 0x1.FEp127};
-    case at::kDouble:
-      return {0x1.0p-53, 0.0, 0x1.FFFFFFFFFFFFFp1023};
-    default:
-      return {0x1.0p-24, 0x1.0p-150, 0x1.FFFFFEp127};
-  }
+  const auto& d = floating_facts(dtype);
+  return {d.unit_roundoff, d.subnormal_roundoff, d.max};
 }
 
 at::ScalarType adapter_compute_dtype(const Config& c) {
@@ -361,39 +348,11 @@ void Checks::add_adapter_grads(const Projection& p, const AdapterGrads& prod,
          adapter);
 }
 
-Measure::Measure(const Config& c, bool track_memory)
-    : device_(c.device), track_memory_(track_memory && c.device.is_cuda()) {
-#ifdef GRADSCOPE_WITH_CUDA
-  if (track_memory_) {
-    c10::cuda::device_synchronize();
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
-  }
-#endif
-  start_ = std::chrono::steady_clock::now();
-}
-
-void Measure::finish(const std::string& name,
-                     std::vector<std::pair<std::string, double>>& metrics) {
-#ifdef GRADSCOPE_WITH_CUDA
-  if (device_.is_cuda()) c10::cuda::device_synchronize();
-  if (track_memory_) {
-    const auto stats =
-        c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
-    const auto& allocated =
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-    metrics.emplace_back(name + ".peak_allocated_gib", allocated.peak / double(1 << 30));
-  }
-#endif
-  metrics.emplace_back(
-      name + ".seconds",
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
-}
-
-void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
+void keep_inputs(CaseResult& out, bool keep_tensors, const Activation& x,
                  const std::vector<std::pair<std::string, const Activation*>>& output_grads,
                  const std::vector<const Projection*>& projections,
                  const std::vector<std::pair<std::string, const Dropout*>>& dropouts) {
-  if (!options.keep_tensors) return;
+  if (!keep_tensors) return;
   out.inputs.emplace_back("x", bridge::to_tensor_data(x.base));
   for (const auto& [name, g] : output_grads) {
     out.inputs.emplace_back(name, bridge::to_tensor_data(g->base));
@@ -407,23 +366,29 @@ void keep_inputs(RunOutput& out, const RunOptions& options, const Activation& x,
   }
 }
 
-std::vector<const LoraProjection*> of(const std::vector<const Projection*>& projections,
-                                      Impl impl) {
-  std::vector<const LoraProjection*> out;
-  for (const auto* p : projections) out.push_back(impl == Impl::kProd ? &p->prod : &p->base);
+std::vector<NamedProjection> copies_of(const std::vector<const Projection*>& projections,
+                                       Role role) {
+  std::vector<NamedProjection> out;
+  for (const auto* p : projections) out.push_back({p->name, &p->of(role)});
   return out;
+}
+
+const AdapterGrads& Gradients::of(const std::string& projection) const {
+  const auto it = adapters.find(projection);
+  if (it == adapters.end()) throw std::logic_error("no adapter gradients of " + projection);
+  return it->second;
 }
 
 Gradients backward(const std::vector<at::Tensor>& outputs,
                    const std::vector<at::Tensor>& grad_outputs, const at::Tensor& x,
-                   const std::vector<const LoraProjection*>& projections) {
+                   const std::vector<NamedProjection>& projections) {
   // x undefined (or not requiring grad): the adapters' gradients only.
   const bool with_x = x.defined() && x.requires_grad();
   std::vector<at::Tensor> inputs;
   if (with_x) inputs.push_back(x);
-  for (const auto* p : projections) {
-    inputs.push_back(p->lora_A);
-    inputs.push_back(p->lora_B);
+  for (const auto& p : projections) {
+    inputs.push_back(p.projection->lora_A);
+    inputs.push_back(p.projection->lora_B);
   }
   // allow_unused: an input the graph never reached comes back undefined, and the
   // comparison then fails it as a zero gradient instead of throwing here.
@@ -433,10 +398,12 @@ Gradients backward(const std::vector<at::Tensor>& outputs,
     if (!grads[i].defined()) grads[i] = at::zeros_like(inputs[i]);
   }
   Gradients g;
-  const size_t first = with_x ? 1 : 0;
-  if (with_x) g.dx = grads[0];
-  for (size_t j = 0; j < projections.size(); ++j) {
-    g.adapters.push_back({grads[first + 2 * j], grads[first + 2 * j + 1]});
+  auto next = grads.begin();
+  if (with_x) g.dx = *next++;
+  for (const auto& p : projections) {
+    auto& a = g.adapters[p.name];
+    a.dA = *next++;
+    a.dB = *next++;
   }
   return g;
 }

@@ -1,4 +1,4 @@
-#include "harness/runners/decoder_stack.h"
+#include "harness/kinds/decoder_stack.h"
 
 #include <ATen/ATen.h>
 
@@ -115,16 +115,15 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
   std::vector<StackLayer> stack(d.layers);
   for (int64_t i = 0; i < d.layers; ++i) {
     auto& L = stack[i];
-    const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
-        {"q_proj", {d.hidden, d.hidden}},
-        {"k_proj", {d.hidden, kv_out}},
-        {"v_proj", {d.hidden, kv_out}},
-        {"o_proj", {d.hidden, d.hidden}},
-        {"gate_proj", {d.hidden, d.intermediate}},
-        {"up_proj", {d.hidden, d.intermediate}},
-        {"down_proj", {d.intermediate, d.hidden}}};
-    for (const auto& [name, io] : shapes) {
-      L.projections.push_back(tb::make_projection(c, name, io.first, io.second, i + 1));
+    for (const auto& projection : kLlamaProjections) {
+      const std::string name(projection.name);
+      const bool kv = name == "k_proj" || name == "v_proj";
+      const int64_t in = name == "down_proj" ? d.intermediate : d.hidden;
+      const int64_t out = name == "gate_proj" || name == "up_proj" ? d.intermediate
+                          : kv                                     ? kv_out
+                                                                   : d.hidden;
+      L.projections.push_back(tb::make_projection(c, name, in, out, i + 1));
+      member(L.ref, name) = L.projections.back().ref;
     }
     const auto norm = [&](const char* name, reference::RmsNorm& ref) {
       const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
@@ -134,14 +133,11 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
     };
     L.input_norm = norm("input_norm", L.ref.input_norm);
     L.post_attention_norm = norm("post_attention_norm", L.ref.post_attention_norm);
-    auto& p = L.projections;
-    L.ref.q = p[0].ref, L.ref.k = p[1].ref, L.ref.v = p[2].ref, L.ref.o = p[3].ref;
-    L.ref.gate = p[4].ref, L.ref.up = p[5].ref, L.ref.down = p[6].ref;
   }
   return stack;
 }
 
-DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& L, tb::Impl impl,
+DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& L, tb::Role role,
                           int64_t position_offset) {
   DecoderLayer layer;
   layer.position_offset = position_offset;
@@ -150,16 +146,16 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
   layer.norm_eps = kNormEps;
   layer.heads = d.heads;
   layer.kv_heads = d.kv_heads;
-  LoraProjection* slots[] = {&layer.q,    &layer.k,  &layer.v,   &layer.o,
-                             &layer.gate, &layer.up, &layer.down};
-  for (size_t j = 0; j < 7; ++j) {
-    *slots[j] = impl == tb::Impl::kProd ? L.projections[j].prod : L.projections[j].base;
-  }
+  for (const auto& p : L.projections) member(layer, p.name) = p.of(role);
   return layer;
 }
 
-const char* module_of(size_t projection) {
-  return projection < 4 ? "self_attn" : "mlp";
+std::vector<tb::NamedProjection> named_projections(const DecoderLayer& layer) {
+  std::vector<tb::NamedProjection> named;
+  for (const auto& p : kLlamaProjections) {
+    named.push_back({std::string(p.name), &member(layer, p.name)});
+  }
+  return named;
 }
 
 }  // namespace gradscope::decoder_stack

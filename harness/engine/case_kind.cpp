@@ -1,0 +1,84 @@
+#include "harness/engine/case_kind.h"
+
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace gradscope {
+
+PhaseTimer::PhaseTimer(bool cuda, bool track_memory)
+    : cuda_(cuda), track_memory_(track_memory && cuda) {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (track_memory_) {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  }
+#endif
+  start_ = std::chrono::steady_clock::now();
+}
+
+double PhaseTimer::seconds() {
+#ifdef GRADSCOPE_WITH_CUDA
+  if (cuda_) c10::cuda::device_synchronize();
+#endif
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+double PhaseTimer::finish(const std::string& name, Metrics& metrics) {
+  const double s = seconds();
+#ifdef GRADSCOPE_WITH_CUDA
+  if (track_memory_) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    const auto& allocated =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    metrics.emplace_back(name + ".peak_allocated_gib", allocated.peak / double(1 << 30));
+  }
+#endif
+  metrics.emplace_back(name + ".seconds", s);
+  return s;
+}
+
+CaseKind::CaseKind(KindDecl decl) : decl_(std::move(decl)) {}
+
+double CaseKind::host_bytes_at_least(const CaseSpec& spec) const {
+  return decl_.host_bytes_at_least ? decl_.host_bytes_at_least(spec) : 0.0;
+}
+
+int64_t CaseKind::processes_needed(const CaseSpec& spec) const {
+  return decl_.processes_needed ? decl_.processes_needed(spec) : 0;
+}
+
+CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
+                         const RunOptions& options) const {
+  const auto testbed = decl_.testbed(CaseContext{spec, id, options});
+  const PhasePlan plan = testbed->plan();
+  const bool cuda = spec.get_string("device") == "cuda";
+  CaseResult out;
+  // prod and base on CUDA also record their peak device memory.
+  const auto phase = [&](const char* name, bool device_memory, void (Testbed::*run)()) {
+    PhaseTimer timer(cuda, device_memory);
+    (testbed.get()->*run)();
+    timer.finish(name, out.metrics);
+  };
+  const auto implementations = [&] {
+    phase("prod", true, &Testbed::prod);
+    if (plan.base) phase("base", true, &Testbed::base);
+  };
+  const auto judges = [&] {
+    phase("ref", false, &Testbed::ref);
+    if (plan.floor) phase("floor", false, &Testbed::floor);
+  };
+  phase("generate", false, &Testbed::generate);
+  if (plan.judges_first) {
+    judges();
+    implementations();
+  } else {
+    implementations();
+    judges();
+  }
+  testbed->verify(out);
+  return out;
+}
+
+}  // namespace gradscope

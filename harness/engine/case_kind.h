@@ -1,0 +1,127 @@
+// The case engine: a kind declares what it is (fields, rules, id, the operators it calls) and
+// how one case is tested (a Testbed with fixed phases); the engine runs the phases in order,
+// times them and hands back the checks. docs/architecture.md "Adding a kind" walks through it.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/spec/case_spec.h"
+#include "reports/report_types.h"
+
+namespace gradscope {
+
+class ProcessRanks;
+
+struct RunOptions {
+  bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
+  // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
+  std::string impl = "gradscope";
+  std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
+  // Under torchrun: this process's rank among the launched processes; a collective case (kind
+  // fsdp) runs its part of the case here, and its group's keys begin with case_key.
+  ProcessRanks* ranks = nullptr;
+  std::string case_key;
+};
+
+using Metrics = std::vector<std::pair<std::string, double>>;
+
+// What one case hands back: every check (paths prefixed by the case id), the generated inputs
+// when tensors are kept, metrics (reported, not gated) and a training kind's loss curve.
+struct CaseResult {
+  std::vector<report::Check> checks;
+  std::vector<std::pair<std::string, report::TensorData>> inputs;
+  Metrics metrics;
+  std::optional<report::LossCurve> loss_curve;
+};
+
+// The phases of one case, CUTLASS-style: generate the inputs, run the implementation under
+// test (prod) and the unfused baseline (base), run the fp64 reference (ref) and the rounding
+// noise model of a careful implementation (floor), then verify. The kind's state between
+// phases lives in its Testbed.
+struct PhasePlan {
+  bool base = true;           // the kind runs a baseline
+  bool floor = true;          // and a floor apart from the reference
+  bool judges_first = false;  // ref and floor run before prod and base, which take their values
+};
+
+class Testbed {
+ public:
+  virtual ~Testbed() = default;
+  virtual PhasePlan plan() const { return {}; }
+  virtual void generate() = 0;
+  virtual void prod() = 0;
+  virtual void base() {}
+  virtual void ref() = 0;
+  virtual void floor() {}
+  // The checks, the inputs to keep and any metrics of the kind's own, from what the phases left.
+  virtual void verify(CaseResult& out) = 0;
+};
+
+// Where and how a case runs, as its testbed is given it.
+struct CaseContext {
+  const CaseSpec& spec;
+  const std::string& id;
+  const RunOptions& options;
+};
+
+// A kind as data. catalog/kind_registry.cpp lists the declarations.
+struct KindDecl {
+  std::string name;
+  std::vector<FieldSpec> fields;  // the kind's own fields (besides kind, seed, dtype, device)
+  // The id encodes the configuration, so a failing line says what failed.
+  std::function<std::string(const CaseSpec&)> case_id;
+  // Cross-field rules (impossible shapes); throws InputError naming the field.
+  std::function<void(const CaseSpec&)> validate;
+  // The operators of the implementation under test the kind calls (harness/impl/impl_ops.h);
+  // empty: the kind runs gradscope's own kernels directly and takes no other --impl.
+  std::vector<std::string> prod_ops;
+  // A lower bound of the host memory a case holds at once (the reference's fp64 dense
+  // weights and activations): a case above the machine's memory is refused before anything
+  // is allocated. Unset: no bound known.
+  std::function<double(const CaseSpec&)> host_bytes_at_least;
+  // Under torchrun, the processes that run a case together (kind fsdp: its world_size); unset
+  // or 0: any one process runs it, and a suite spreads such cases over them.
+  std::function<int64_t(const CaseSpec&)> processes_needed;
+  std::function<std::unique_ptr<Testbed>(const CaseContext&)> testbed;
+};
+
+// Times one phase: wall time (on CUDA after a synchronize) and, when asked on CUDA, the peak
+// memory the caching allocator handed out during it.
+class PhaseTimer {
+ public:
+  PhaseTimer(bool cuda, bool track_memory);
+  // Appends <name>.seconds and, when tracking memory, <name>.peak_allocated_gib; returns the
+  // seconds.
+  double finish(const std::string& name, Metrics& metrics);
+  // The seconds since construction, recorded nowhere (a part of a phase).
+  double seconds();
+
+ private:
+  bool cuda_, track_memory_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class CaseKind {
+ public:
+  explicit CaseKind(KindDecl decl);
+  const std::string& name() const { return decl_.name; }
+  const std::vector<FieldSpec>& fields() const { return decl_.fields; }
+  std::string case_id(const CaseSpec& spec) const { return decl_.case_id(spec); }
+  void validate(const CaseSpec& spec) const { decl_.validate(spec); }
+  const std::vector<std::string>& prod_ops() const { return decl_.prod_ops; }
+  double host_bytes_at_least(const CaseSpec& spec) const;
+  int64_t processes_needed(const CaseSpec& spec) const;
+  // Runs the case's phases and returns every check, paths prefixed by `id`.
+  CaseResult run(const CaseSpec& spec, const std::string& id, const RunOptions& options) const;
+
+ private:
+  KindDecl decl_;
+};
+
+}  // namespace gradscope

@@ -1,0 +1,176 @@
+// kind = "layer": a stack of Llama decoder layers (RMSNorm, LoRA_QKV, RoPE, causal GQA
+// attention, LoRA_W, LoRA_MLP, residuals), checked layer by layer: each layer's output,
+// the gradient of its input hidden state and every adapter gradient.
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "gradscope/decoder_layer.h"
+#include "harness/baseline/aten_baseline.h"
+#include "harness/common/tensor_bridge.h"
+#include "harness/kinds/decoder_stack.h"
+#include "harness/kinds/kind_decls.h"
+#include "reference/layer_reference.h"
+
+namespace gradscope {
+namespace {
+
+namespace tb = lora_testbed;
+namespace ds = decoder_stack;
+
+class LayerTestbed final : public Testbed {
+ public:
+  explicit LayerTestbed(const CaseContext& context)
+      : context_(context), c_(context.spec), dims_(context.spec), shape_(dims_.attention(c_)) {}
+
+  // The reference's values feed prod and base: it runs first (docs/verification.md).
+  PhasePlan plan() const override { return {true, false, true}; }
+
+  // The stack and, through the reference, each layer's input and output gradient: every layer
+  // of prod and base starts from the reference's input of that layer and output gradient,
+  // rounded to the case dtype, like the single-op kinds. Noise accumulated through a stack is
+  // different but equally valid in prod and base, so comparing it would judge the stack's
+  // conditioning rather than the kernels.
+  void generate() override {
+    stack_ = ds::make_stack(c_, dims_);
+    x_ = tb::make_activation(c_, "x", dims_.hidden, true);
+    dy_ = tb::make_output_grad(c_, "dy", dims_.hidden);
+    const int64_t n = dims_.layers;
+    std::vector<reference::Matrix> ref_inputs, ref_dys(n);
+    reference::Matrix h = x_.ref;
+    for (const auto& L : stack_) {
+      ref_inputs.push_back(h);
+      tapes_.push_back(reference::layer_tape(h, L.ref, shape_));
+      h = tapes_.back().out;
+    }
+    reference::Matrix dh = dy_.ref;
+    for (int64_t i = n - 1; i >= 0; --i) {
+      ref_dys[i] = dh;
+      dh = reference::layer_backward(tapes_[i], ref_inputs[i], dh, stack_[i].ref, shape_).dx;
+    }
+    tapes_.resize(1);  // layer 0's input is the generated x itself: its tape stands
+    const auto as_matrix = [&](const reference::Matrix& m) {
+      return bridge::to_matrix(rounded(m).to(at::kDouble).reshape({-1, dims_.hidden}));
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      inputs_.push_back(i == 0 ? x_.ref : as_matrix(ref_inputs[i]));
+      dys_.push_back(i + 1 == n ? dy_.ref : as_matrix(ref_dys[i]));
+    }
+  }
+
+  // Layer i's reference on exactly the rounded input and gradient prod sees, and the floor on
+  // that problem (timed apart, as floor.seconds, inside this phase).
+  void ref() override {
+    noise_.emplace(tb::precision(c_));
+    for (int64_t i = 0; i < dims_.layers; ++i) {
+      const auto tape =
+          i == 0 ? std::move(tapes_[0]) : reference::layer_tape(inputs_[i], stack_[i].ref, shape_);
+      ref_out_.push_back(tape.out);
+      ref_grads_.push_back(
+          reference::layer_backward(tape, inputs_[i], dys_[i], stack_[i].ref, shape_));
+      PhaseTimer floor(false, false);
+      floor_.push_back(noise_->layer(tape, inputs_[i], dys_[i], stack_[i].ref, shape_,
+                                     ref_grads_[i], "layer" + std::to_string(i)));
+      floor_seconds_ += floor.seconds();
+    }
+  }
+
+  void prod() override { run(tb::Role::kProd, prod_); }
+  void base() override { run(tb::Role::kBase, base_); }
+
+  void verify(CaseResult& out) override {
+    out.metrics.emplace_back("floor.seconds", floor_seconds_);
+    out.metrics.emplace_back("prod.setup_seconds", setup_seconds_[0]);
+    out.metrics.emplace_back("base.setup_seconds", setup_seconds_[1]);
+    out.metrics.emplace_back("inputs.first_position", double(shape_.position_offset));
+    const bool keep = context_.options.keep_tensors;
+    for (int64_t i = 0; i < dims_.layers; ++i) {
+      const std::string layer = context_.id + "/layer" + std::to_string(i) + "/";
+      const auto &g = prod_[i], &gb = base_[i];
+      const auto& n = floor_[i];
+      tb::Checks block(c_, layer, keep, *noise_);
+      block.add("hidden", "output", {g.out, gb.out, ref_out_[i], n.out}, c_.shape(dims_.hidden));
+      block.add("hidden", "input.grad", {g.grads.dx, gb.grads.dx, ref_grads_[i].dx, n.dx},
+                c_.shape(dims_.hidden));
+      append(out, block);
+      for (const char* module : {"self_attn", "mlp"}) {
+        tb::Checks checks(c_, layer + module + "/", keep, *noise_);
+        for (const auto& p : stack_[i].projections) {
+          if (module_of(p.name) != module) continue;
+          checks.add_adapter_grads(p, g.grads.of(p.name), gb.grads.of(p.name),
+                                   member(ref_grads_[i], p.name), member(n, p.name));
+        }
+        append(out, checks);
+      }
+    }
+    // Adapters are not dumped: every layer repeats the projection names.
+    tb::keep_inputs(out, keep, x_, {{"dy", &dy_}}, {}, {});
+  }
+
+ private:
+  struct Pass {
+    at::Tensor out;
+    tb::Gradients grads;
+  };
+
+  at::Tensor rounded(const reference::Matrix& m) const {
+    return bridge::to_tensor(m).to(c_.dtype).reshape(c_.shape(dims_.hidden));
+  }
+
+  // Building a layer's device modules from the host tensors is part of each pass; it is also
+  // timed on its own (prod.setup_seconds, base.setup_seconds).
+  void run(tb::Role role, std::vector<Pass>& passes) {
+    const bool is_prod = role == tb::Role::kProd;
+    const auto ops = is_prod ? impl::layer_ops(impl::Ops(context_.options.impl), c_.lora_args())
+                             : LayerLoraOps{};
+    const int64_t n = dims_.layers;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto h = i == 0 ? x_.of(role) : rounded(inputs_[i]).to(c_.device).requires_grad_(true);
+      const auto dy = i + 1 == n ? dy_.of(role) : rounded(dys_[i]).to(c_.device);
+      PhaseTimer setup(c_.device.is_cuda(), false);
+      const auto d = ds::device_layer(c_, dims_, stack_[i], role, shape_.position_offset);
+      setup_seconds_[is_prod ? 0 : 1] += setup.seconds();
+      const auto y = is_prod ? decoder_layer(h, d, ops) : baseline::decoder_layer(h, d);
+      passes.push_back({y.detach(), tb::backward({y}, {dy}, h, ds::named_projections(d))});
+    }
+  }
+
+  static void append(CaseResult& out, tb::Checks& checks) {
+    for (auto& check : checks.take()) out.checks.push_back(std::move(check));
+  }
+
+  const CaseContext context_;
+  const tb::Config c_;
+  const ds::Dims dims_;
+  const reference::AttentionShape shape_;
+  std::vector<ds::StackLayer> stack_;
+  tb::Activation x_, dy_;
+  std::vector<reference::LayerTape> tapes_;
+  std::vector<reference::Matrix> inputs_, dys_;  // each layer's, as prod and base see them
+  std::vector<reference::Matrix> ref_out_;
+  std::vector<reference::LayerGrads> ref_grads_;
+  std::optional<reference::RoundingNoise> noise_;
+  std::vector<reference::LayerNoise> floor_;
+  double floor_seconds_ = 0, setup_seconds_[2] = {0, 0};
+  std::vector<Pass> prod_, base_;
+};
+
+}  // namespace
+
+KindDecl layer_kind() {
+  KindDecl k;
+  k.name = "layer";
+  k.fields = ds::fields();
+  for (auto& f : lora_testbed::fields()) k.fields.push_back(std::move(f));
+  k.case_id = [](const CaseSpec& s) {
+    return "layer." + s.get_string("dtype") + "." + ds::Dims(s).id_part() +
+           tb::Config(s).id_suffix();
+  };
+  k.validate = [](const CaseSpec& s) { ds::validate(s, "layer"); };
+  k.prod_ops = {"lora_qkv", "lora_w", "lora_mlp"};
+  k.host_bytes_at_least = ds::stack_reference_bytes;
+  k.testbed = [](const CaseContext& c) { return std::make_unique<LayerTestbed>(c); };
+  return k;
+}
+
+}  // namespace gradscope

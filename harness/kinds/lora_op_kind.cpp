@@ -1,0 +1,186 @@
+#include "harness/kinds/lora_op_kind.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "harness/baseline/aten_baseline.h"
+
+namespace gradscope::lora_testbed {
+namespace {
+
+template <class T>
+const T& find(const Named<T>& tensors, const std::string& name, const char* what) {
+  const auto it = tensors.find(name);
+  if (it == tensors.end()) throw std::logic_error(std::string("no ") + what + " named " + name);
+  return it->second;
+}
+
+class LoraOpTestbed final : public Testbed {
+ public:
+  LoraOpTestbed(const LoraOpDecl& decl, const CaseContext& context)
+      : decl_(decl), context_(context), c_(context.spec), shape_(decl.shape(context.spec)) {}
+
+  void generate() override {
+    for (const auto& p : shape_.projections) {
+      projections_.push_back(make_projection(c_, p.name, p.in, p.out));
+    }
+    x_ = make_activation(c_, "x", shape_.in_features, true);
+    for (const auto& o : shape_.outputs) {
+      output_grads_.push_back(make_output_grad(c_, o.grad, o.features));
+    }
+    for (const auto& d : shape_.dropouts) dropouts_.push_back(make_dropout(c_, d.name, d.features));
+    // Indexed once every vector is final.
+    for (const auto& p : projections_) projection_of_[p.name] = &p;
+    for (size_t i = 0; i < output_grads_.size(); ++i) {
+      output_grad_of_[shape_.outputs[i].grad] = &output_grads_[i];
+    }
+    for (size_t i = 0; i < dropouts_.size(); ++i) {
+      dropout_of_[shape_.dropouts[i].name] = &dropouts_[i];
+    }
+  }
+
+  void prod() override { run(Role::kProd, prod_); }
+  void base() override { run(Role::kBase, base_); }
+
+  void ref() override { ref_ = decl_.ref(ref_args()); }
+
+  void floor() override {
+    noise_.emplace(precision(c_));
+    floor_ = decl_.floor(*noise_, ref_args(), ref_);
+  }
+
+  void verify(CaseResult& out) override {
+    const bool keep = context_.options.keep_tensors;
+    Checks checks(c_, context_.id + "/layer0/" + decl_.module + "/", keep, *noise_);
+    for (const auto& o : shape_.outputs) {
+      checks.add(
+          o.name, "output",
+          {find(prod_.outputs, o.name, "prod output"), find(base_.outputs, o.name, "base output"),
+           *find(ref_.outputs, o.name, "reference output"),
+           *find(floor_.outputs, o.name, "floor of output")},
+          c_.shape(o.features));
+    }
+    checks.add(shape_.input_grad, "input.grad",
+               {prod_.grads.dx, base_.grads.dx, *ref_.dx, *floor_.dx},
+               c_.shape(shape_.in_features));
+    for (const auto& p : projections_) {
+      checks.add_adapter_grads(p, prod_.grads.of(p.name), base_.grads.of(p.name),
+                               *find(ref_.grads, p.name, "reference gradients"),
+                               *find(floor_.grads, p.name, "floor of gradients"));
+    }
+    std::vector<std::pair<std::string, const Activation*>> output_grads;
+    for (const auto& o : shape_.outputs) output_grads.emplace_back(o.grad, output_grad_of_[o.grad]);
+    std::vector<std::pair<std::string, const Dropout*>> dropouts;
+    for (const auto& d : shape_.dropouts) dropouts.emplace_back(d.name, dropout_of_[d.name]);
+    keep_inputs(out, keep, x_, output_grads, all_projections(), dropouts);
+    out.checks = checks.take();
+  }
+
+ private:
+  struct Pass {
+    Named<at::Tensor> outputs;
+    Gradients grads;
+  };
+
+  std::vector<const Projection*> all_projections() const {
+    std::vector<const Projection*> all;
+    for (const auto& p : projections_) all.push_back(&p);
+    return all;
+  }
+
+  void run(Role role, Pass& pass) {
+    const OpArgs args{x_.of(role), projection_of_, dropout_of_, role, c_.lora_args()};
+    if (role == Role::kProd) {
+      pass.outputs = decl_.prod(impl::Ops(context_.options.impl), args);
+    } else if (decl_.base) {
+      pass.outputs = decl_.base(args);
+    } else {
+      for (const auto& o : shape_.outputs) {
+        pass.outputs[o.name] = baseline::lora_linear(args.x, args.projection(o.name),
+                                                     args.dropout(shape_.dropouts.at(0).name));
+      }
+    }
+    std::vector<at::Tensor> outputs, grads;
+    for (const auto& o : shape_.outputs) {
+      outputs.push_back(find(pass.outputs, o.name, "output"));
+      grads.push_back(output_grad_of_.at(o.grad)->of(role));
+    }
+    pass.grads = backward(outputs, grads, x_.of(role), copies_of(all_projections(), role));
+  }
+
+  RefArgs ref_args() const { return {x_.ref, projection_of_, output_grad_of_, dropout_of_}; }
+
+  const LoraOpDecl& decl_;
+  const CaseContext context_;
+  const Config c_;
+  const LoraOpShape shape_;
+  std::vector<Projection> projections_;
+  Activation x_;
+  std::vector<Activation> output_grads_;
+  std::vector<Dropout> dropouts_;
+  Named<const Projection*> projection_of_;
+  Named<const Activation*> output_grad_of_;
+  Named<const Dropout*> dropout_of_;
+  Pass prod_, base_;
+  RefResult ref_;
+  std::optional<reference::RoundingNoise> noise_;
+  FloorResult floor_;
+};
+
+}  // namespace
+
+const LoraProjection& OpArgs::projection(const std::string& name) const {
+  return find(projections, name, "projection")->of(role);
+}
+
+const LoraDropout& OpArgs::dropout(const std::string& name) const {
+  return find(dropouts, name, "dropout")->device;
+}
+
+const reference::Projection& RefArgs::projection(const std::string& name) const {
+  return find(projections, name, "projection")->ref;
+}
+
+const reference::Matrix& RefArgs::output_grad(const std::string& name) const {
+  return find(output_grads, name, "output gradient")->ref;
+}
+
+const reference::Dropout& RefArgs::dropout(const std::string& name) const {
+  return find(dropouts, name, "dropout")->ref;
+}
+
+KindDecl lora_op_kind(LoraOpDecl op) {
+  KindDecl k;
+  k.name = op.kind;
+  k.fields = op.fields;
+  for (auto& f : fields()) k.fields.push_back(std::move(f));
+  k.prod_ops = op.prod_ops;
+  const auto decl = std::make_shared<const LoraOpDecl>(std::move(op));
+  k.case_id = [decl](const CaseSpec& s) {
+    return decl->kind + "." + s.get_string("dtype") + "." + decl->id_part(s) +
+           Config(s).id_suffix();
+  };
+  k.validate = [decl](const CaseSpec& s) {
+    validate(s);
+    if (decl->validate) decl->validate(s);
+    for (const auto& p : decl->shape(s).projections) {
+      validate_gptq_shape(s, p.in, p.out, p.in_field, p.out_field);
+    }
+  };
+  k.host_bytes_at_least = [decl](const CaseSpec& s) {
+    double bytes = 0;
+    for (const auto& p : decl->shape(s).projections) {
+      bytes += reference_projection_bytes(s, p.in, p.out);
+    }
+    return bytes;
+  };
+  k.testbed = [decl](const CaseContext& context) -> std::unique_ptr<Testbed> {
+    return std::make_unique<LoraOpTestbed>(*decl, context);
+  };
+  return k;
+}
+
+}  // namespace gradscope::lora_testbed
