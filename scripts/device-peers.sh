@@ -8,8 +8,8 @@
 #   bench        python -m gradscope.bench: gradscope, fms_acceleration and peft side by side
 #   fms_smoke    fms_acceleration over the smoke suite's dequant, then LoRA files
 #   peft_smoke   peft over the smoke LoRA files
-#   fms_gpu      fms_acceleration over PEER_GPU_FILES of the gpu suite (default: those whose
-#                cases take under 20 s each with gradscope's own kernels)
+#   fms_gpu      fms_acceleration over PEER_GPU_FILES of the gpu suite (default: the files whose
+#                cases are short with gradscope's own kernels)
 #   fms_gpu_v2   the same files with every case's zero points in the v2 format (format =
 #                "gptq_v2" added to each file: the files keep v1, where fms fails every case)
 #   peft_gpu     peft over PEER_GPU_FILES (less the dequant files: peft has no dequantize)

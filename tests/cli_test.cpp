@@ -197,5 +197,26 @@ TEST(CliFaults, FailFastStopsAtTheFirstFailingCase) {
   EXPECT_EQ(nlohmann::json::parse(in)["cases"].size(), 1u);
 }
 
+// `sample`: the same seed draws the same cases, and each written case file replays its case.
+TEST(CliSample, DrawsValidCasesAndReplaysThemFromFiles) {
+  testing::TempDir dir;
+  const auto r =
+      testing::run_captured({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant",
+                             "--cases-out", dir.path("cases"), "--json", dir.path("s.json")});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sample summary: 12 cases run"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 false alarms"), std::string::npos) << r.out;
+  // The same seed draws the same cases; each case file replays its case.
+  const auto again = testing::run_captured(
+      {"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant"});
+  EXPECT_EQ(again.out.substr(again.out.find("sample summary")),
+            r.out.substr(r.out.find("sample summary")));
+  const auto replay = testing::run_captured({"run", dir.path("cases/case-00003.toml"), "--quiet"});
+  EXPECT_EQ(replay.code, 0) << replay.out;
+  const auto bad = testing::run_captured({"sample", "--kinds", "nope"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("the sampler draws no kind 'nope'"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace gradscope

@@ -34,6 +34,19 @@ TEST(CompareExact, SignedZeroIsAMismatch) {
   EXPECT_FALSE(compare_exact("p", "x", prod, ref).passed);
 }
 
+// The bit view tells what value equality cannot: -0 from +0, and one NaN payload from another.
+TEST(BitPattern, TellsSignedZerosAndNaNPayloadsApart) {
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble}) {
+    const auto pos = at::zeros({2}, dtype), neg = -at::zeros({2}, dtype);
+    EXPECT_TRUE(pos.equal(neg)) << dtype;  // why the bit view exists
+    EXPECT_FALSE(bit_pattern(pos).equal(bit_pattern(neg))) << dtype;
+    EXPECT_TRUE(bit_pattern(pos).equal(bit_pattern(pos.clone()))) << dtype;
+  }
+  const auto nan1 = at::tensor({0x7fc00001}, at::kInt).view(at::kFloat);
+  const auto nan2 = at::tensor({0x7fc00002}, at::kInt).view(at::kFloat);
+  EXPECT_FALSE(bit_pattern(nan1).equal(bit_pattern(nan2)));
+}
+
 TEST(CompareExact, AllZeroReferenceIsDegenerate) {
   const auto zeros = at::zeros({4}, at::kDouble);
   const auto check = compare_exact("p", "x", zeros.to(at::kFloat), zeros);

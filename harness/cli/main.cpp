@@ -6,13 +6,10 @@
 #include "harness/cli/cli.h"
 
 int main(int argc, char** argv) {
-  // Cases allocate and free matrices by the hundred megabytes. glibc maps each from the kernel
-  // and unmaps it on free, so every new one is page-faulted and zeroed again: a fifth of a 7B
-  // layer case's run time on 2 cores went to clear_page and page faults (perf). Served from a
-  // heap that keeps freed memory instead: base phase 12.5 -> 7.3 s, generate 7.7 -> 6.6 s
-  // (docs/measurements/malloc-reuse-cpu.log). Resident memory stays at its high-water mark.
-  // This governs the main arena; other threads' arenas still map requests above their
-  // 64 MiB heaps (glibc), which the large matrices of the CPU phases are not.
+  // Cases allocate and free large matrices over and over; glibc maps each from the kernel and
+  // unmaps it on free, so every new one is page-faulted and zeroed again. A heap that keeps
+  // freed memory serves them instead (figures: docs/performance.md); resident memory stays at
+  // its high-water mark. This governs the main arena, where the CPU phases' matrices live.
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
   // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the output code

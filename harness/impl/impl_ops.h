@@ -20,7 +20,7 @@ namespace gradscope::impl {
 const OpSchema& op_schema(const std::string& name);
 
 // What the user chose: the namespace and the libraries loaded to register it.
-struct Selection {
+struct ImplChoice {
   std::string ns = "gradscope";
   std::vector<std::string> libraries;  // --ops-library, in order
   bool is_default() const { return ns == "gradscope"; }

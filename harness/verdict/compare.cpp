@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 namespace gradscope {
 namespace {
@@ -20,7 +21,8 @@ std::string format_index(const std::vector<int64_t>& index) {
   return s + ")";
 }
 
-std::string g(double v) {
+// A value with nine significant digits: enough to tell any two fp32 values apart.
+std::string format_exact(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
@@ -156,11 +158,11 @@ report::Check compare_exact(const std::string& path, const std::string& compared
   msg << path << ": not bit-exact (" << compared << ")\n"
       << "        Mismatched elements: " << check.mismatches << " / " << check.numel << " (" << pct
       << ")\n"
-      << "        Greatest absolute difference: " << g(check.max_abs) << " at index "
+      << "        Greatest absolute difference: " << format_exact(check.max_abs) << " at index "
       << format_index(worst.index) << " (up to 0 allowed)\n"
-      << "        at " << format_index(worst.index) << ": prod " << g(worst.prod) << ", ref "
-      << g(worst.ref);
-  if (worst.ref_fp64) msg << " (fp64 " << g(*worst.ref_fp64) << ")";
+      << "        at " << format_index(worst.index) << ": prod " << format_exact(worst.prod)
+      << ", ref " << format_exact(worst.ref);
+  if (worst.ref_fp64) msg << " (fp64 " << format_exact(*worst.ref_fp64) << ")";
   if (!worst.detail.empty()) msg << "; " << worst.detail;
   check.worst = worst;
   check.failure = msg.str();
@@ -202,17 +204,45 @@ std::pair<int64_t, int64_t> non_finite(const at::Tensor& t) {
 
 }  // namespace
 
-report::Check compare_ratio(const RatioInputs& in) {
+namespace {
+
+// How a ratio comparison ended. The verdict (judge_ratio) fills the check's figures and the
+// outcome; the message (ratio_message) is written from them alone.
+enum class RatioOutcome {
+  kPassed,
+  kAttributes,     // prod's dtype or device (or no tensor)
+  kShape,          // prod, base, ref or sigma of different shapes
+  kOutOfRange,     // the exact value is beyond the output format: the case's fault
+  kAllZero,        // the exact value is zero in prod's format: the case's fault
+  kProdNonFinite,  // prod has NaN or Inf
+  kDegenerate,     // prod is all zero where the exact value is not
+  kOverLimit,      // the rule's limit is exceeded
+};
+
+struct RatioJudgement {
   report::Check check;
+  RatioOutcome outcome = RatioOutcome::kPassed;
+  std::string attribute_failure;  // kAttributes: the mismatch, as assert_close words it
+  std::vector<int64_t> prod_shape, base_shape, ref_shape;  // kShape
+  double ref_max = 0;                                      // max |ref|
+  int64_t prod_non_finite = 0, base_non_finite = 0;
+  int64_t over = 0;  // elements over their own limit (max rule)
+  double rtol = 0, atol = 0;
+};
+
+// The verdict and its figures, no text but the check's note.
+RatioJudgement judge_ratio(const RatioInputs& in) {
+  RatioJudgement j;
+  report::Check& check = j.check;
   check.path = in.path;
   check.compared = "prod and the plain baseline in the case's dtypes vs fp64 reference";
   check.gate_on_mean = in.statistic == ErrorStatistic::kMeanAbs;
-  const std::string& path = in.path;
-  if (auto wrong = attribute_mismatch(path, in.prod, in.expected)) {
+  if (auto wrong = attribute_mismatch(in.path, in.prod, in.expected)) {
     check.numel = in.prod.defined() ? in.prod.numel() : 0;
     check.mismatches = check.numel;
-    check.failure = *wrong;
-    return check;
+    j.attribute_failure = *wrong;
+    j.outcome = RatioOutcome::kAttributes;
+    return j;
   }
   const auto prod = in.prod.detach().cpu().to(at::kDouble).contiguous();
   const auto base = in.base.detach().cpu().to(at::kDouble).contiguous();
@@ -220,34 +250,27 @@ report::Check compare_ratio(const RatioInputs& in) {
   const auto sigma = in.sigma.detach().cpu().to(at::kDouble).contiguous();
   check.numel = prod.numel();
   if (prod.sizes() != ref.sizes() || base.sizes() != ref.sizes() || sigma.sizes() != ref.sizes()) {
-    std::ostringstream msg;
-    msg << path << ": the values for attribute 'shape' do not match: prod " << prod.sizes()
-        << ", base " << base.sizes() << ", expected " << ref.sizes();
-    check.failure = msg.str();
     check.mismatches = check.numel;
-    return check;
+    j.prod_shape = prod.sizes().vec();
+    j.base_shape = base.sizes().vec();
+    j.ref_shape = ref.sizes().vec();
+    j.outcome = RatioOutcome::kShape;
+    return j;
   }
   if (in.keep_tensors) {
     check.tensors = report::CheckTensors{
         bridge::to_tensor_data(in.prod), bridge::to_tensor_data(in.base),
         bridge::to_tensor_data(ref), bridge::to_tensor_data(sigma * kFloorSigmas)};
   }
-  std::ostringstream msg;
   // The exact result must be representable in the output format (a value rounds to a
   // finite one below max + half an ulp of max; 2^-p max approximates that half ulp from
   // below, erring towards calling a value representable).
-  const double ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
-  if (!std::isfinite(ref_max) || ref_max > in.format_max * (1.0 + 0x1.0p-11)) {
-    const int64_t flat = ref.abs().argmax().item<int64_t>();
+  j.ref_max = check.numel ? ref.abs().max().item<double>() : 0.0;
+  if (!std::isfinite(j.ref_max) || j.ref_max > in.format_max * (1.0 + 0x1.0p-11)) {
     check.out_of_range = true;
-    check.worst = element_at(flat, prod, base, ref);
-    msg << path << ": out of range for " << in.format
-        << ": the exact value reaches |ref| = " << g(ref_max) << " at index "
-        << format_index(check.worst->index) << ", beyond " << in.format
-        << "'s largest finite value " << g(in.format_max) << "; no correct " << in.format
-        << " output holds it (the case, not the kernel)";
-    check.failure = msg.str();
-    return check;
+    check.worst = element_at(ref.abs().argmax().item<int64_t>(), prod, base, ref);
+    j.outcome = RatioOutcome::kOutOfRange;
+    return j;
   }
   // A reference that is zero in prod's format (alpha 0, a dropout that drops every token, a
   // scale so small every value underflows) cannot tell a correct kernel from one that returns
@@ -255,37 +278,22 @@ report::Check compare_ratio(const RatioInputs& in) {
   // the case's fault, not a verdict on prod.
   if (check.numel > 0 && !ref.to(in.prod.scalar_type()).ne(0).any().item<bool>()) {
     check.out_of_range = true;
-    msg << path << ": cannot be judged: the exact value is "
-        << (ref_max == 0 ? "all zero"
-                         : "all zero in " + in.format + " (max |ref| " + g(ref_max) + ")")
-        << ", so a kernel that returns zeros would pass; the case, not the kernel (make alpha, the "
-           "dropout or the shape such that the gradient is not zero)";
-    check.failure = msg.str();
-    return check;
+    j.outcome = RatioOutcome::kAllZero;
+    return j;
   }
-  const auto [prod_bad, prod_first] = non_finite(prod);
-  const auto [base_bad, base_first] = non_finite(base);
-  if (prod_bad > 0) {
+  int64_t prod_first = -1;
+  std::tie(j.prod_non_finite, prod_first) = non_finite(prod);
+  j.base_non_finite = non_finite(base).first;
+  if (j.prod_non_finite > 0) {
     check.worst = element_at(prod_first, prod, base, ref);
-    check.mismatches = prod_bad;
+    check.mismatches = j.prod_non_finite;
     check.max_abs = std::numeric_limits<double>::infinity();
     check.mean_abs = std::numeric_limits<double>::infinity();
     check.error_to_limit = std::numeric_limits<double>::infinity();
-    const auto& w = *check.worst;
-    msg << path << ": prod has " << prod_bad << " non-finite element" << (prod_bad == 1 ? "" : "s")
-        << " (NaN or Inf) of " << check.numel << "; first at index " << format_index(w.index)
-        << ": prod " << g(w.prod) << ", base " << g(*w.base) << ", ref " << g(w.ref);
-    if (!in.model_overflow.empty()) {
-      check.out_of_range = true;
-      const std::string& f = in.model_format.empty() ? in.format : in.model_format;
-      msg << "; a careful implementation overflows too (" << in.model_overflow
-          << "): the case is out of range for " << f << ", not a verdict on prod";
-    } else {
-      msg << "; the exact result is finite and within " << in.format << " range (max |ref| "
-          << g(ref_max) << ")" << (base_bad ? " (base overflows as well)" : "");
-    }
-    check.failure = msg.str();
-    return check;
+    // A careful implementation overflowing too makes it the case's range, not prod's fault.
+    check.out_of_range = !in.model_overflow.empty();
+    j.outcome = RatioOutcome::kProdNonFinite;
+    return j;
   }
   const auto diff = (prod - ref).abs();
   {
@@ -304,9 +312,9 @@ report::Check compare_ratio(const RatioInputs& in) {
   const auto safe_floor = floor.clamp_min(std::numeric_limits<double>::min());
   if (check.numel > 0) check.floor_use = (diff / safe_floor).max().item<double>();
   double base_term = 0;
-  if (base_bad > 0) {
+  if (j.base_non_finite > 0) {
     // Judged on its own: the baseline's error says nothing when it overflowed.
-    check.note = "base has " + std::to_string(base_bad) +
+    check.note = "base has " + std::to_string(j.base_non_finite) +
                  " non-finite elements (it overflowed where prod did not): prod is judged "
                  "against the floor alone";
   } else {
@@ -321,11 +329,10 @@ report::Check compare_ratio(const RatioInputs& in) {
   check.cosine = ref_norm > 0 && prod_norm > 0
                      ? (prod * ref).sum().item<double>() / (prod_norm * ref_norm)
                      : 0.0;
-  const auto [rtol, atol] = report::assert_close_tolerances(
+  std::tie(j.rtol, j.atol) = report::assert_close_tolerances(
       bridge::dtype_name(in.prod.scalar_type()), bridge::dtype_name(in.expected.dtype));
-  check.mismatches = diff.gt(ref.abs() * rtol + atol).sum().item<int64_t>();
+  check.mismatches = diff.gt(ref.abs() * j.rtol + j.atol).sum().item<int64_t>();
   const bool degenerate = prod_norm == 0;
-  int64_t over = 0;
   if (check.numel > 0) {
     const auto limit = floor + base_term;
     if (check.gate_on_mean) {
@@ -345,46 +352,108 @@ report::Check compare_ratio(const RatioInputs& in) {
       check.limit = limit.view(-1)[flat].item<double>();
       check.floor = floor.view(-1)[flat].item<double>();
       check.error_to_limit = score.view(-1)[flat].item<double>();
-      over = diff.gt(limit).sum().item<int64_t>();
+      j.over = diff.gt(limit).sum().item<int64_t>();
     }
   }
   check.passed = !degenerate && check.error_to_limit.value_or(0) <= 1.0;
-  if (check.passed) return check;
-  if (degenerate) {
-    msg << path << ": degenerate: prod is all zero where the exact value is not (max |ref| "
-        << g(ref_max) << "; a zero gradient is a failure, not a pass)";
-    check.failure = msg.str();
-    return check;
+  j.outcome = check.passed ? RatioOutcome::kPassed
+              : degenerate ? RatioOutcome::kDegenerate
+                           : RatioOutcome::kOverLimit;
+  return j;
+}
+
+// The failure message, torch.testing.assert_close's shape: what failed and by how much, the
+// rule's terms, the mismatch count and the worst element.
+std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
+  const report::Check& check = j.check;
+  const std::string& path = in.path;
+  std::ostringstream msg;
+  switch (j.outcome) {
+    case RatioOutcome::kPassed:
+      return "";
+    case RatioOutcome::kAttributes:
+      return j.attribute_failure;
+    case RatioOutcome::kShape:
+      msg << path << ": the values for attribute 'shape' do not match: prod "
+          << at::IntArrayRef(j.prod_shape) << ", base " << at::IntArrayRef(j.base_shape)
+          << ", expected " << at::IntArrayRef(j.ref_shape);
+      return msg.str();
+    case RatioOutcome::kOutOfRange:
+      msg << path << ": out of range for " << in.format
+          << ": the exact value reaches |ref| = " << format_exact(j.ref_max) << " at index "
+          << format_index(check.worst->index) << ", beyond " << in.format
+          << "'s largest finite value " << format_exact(in.format_max) << "; no correct "
+          << in.format << " output holds it (the case, not the kernel)";
+      return msg.str();
+    case RatioOutcome::kAllZero:
+      msg << path << ": cannot be judged: the exact value is "
+          << (j.ref_max == 0
+                  ? "all zero"
+                  : "all zero in " + in.format + " (max |ref| " + format_exact(j.ref_max) + ")")
+          << ", so a kernel that returns zeros would pass; the case, not the kernel (make alpha, "
+             "the dropout or the shape such that the gradient is not zero)";
+      return msg.str();
+    case RatioOutcome::kProdNonFinite: {
+      const auto& w = *check.worst;
+      msg << path << ": prod has " << j.prod_non_finite << " non-finite element"
+          << (j.prod_non_finite == 1 ? "" : "s") << " (NaN or Inf) of " << check.numel
+          << "; first at index " << format_index(w.index) << ": prod " << format_exact(w.prod)
+          << ", base " << format_exact(*w.base) << ", ref " << format_exact(w.ref);
+      if (!in.model_overflow.empty()) {
+        const std::string& f = in.model_format.empty() ? in.format : in.model_format;
+        msg << "; a careful implementation overflows too (" << in.model_overflow
+            << "): the case is out of range for " << f << ", not a verdict on prod";
+      } else {
+        msg << "; the exact result is finite and within " << in.format << " range (max |ref| "
+            << format_exact(j.ref_max) << ")"
+            << (j.base_non_finite ? " (base overflows as well)" : "");
+      }
+      return msg.str();
+    }
+    case RatioOutcome::kDegenerate:
+      msg << path << ": degenerate: prod is all zero where the exact value is not (max |ref| "
+          << format_exact(j.ref_max) << "; a zero gradient is a failure, not a pass)";
+      return msg.str();
+    case RatioOutcome::kOverLimit:
+      break;
   }
   const auto& w = *check.worst;
-  const double prod_err = std::abs(w.prod - w.ref);
   const char* setter = *check.floor >= check.limit - *check.floor ? "the floor" : "the base term";
   const std::string model = in.precision.empty() ? in.format : in.precision;
   if (check.gate_on_mean) {
-    msg << path << ": mean |prod - ref| " << g(check.mean_abs) << " > limit " << g(check.limit)
-        << " = " << in.ratio << " x mean |base - ref| " << g(check.baseline_mean_abs.value_or(0))
-        << " + mean floor " << g(*check.floor) << " (" << kFloorSigmas
+    msg << path << ": mean |prod - ref| " << format_exact(check.mean_abs) << " > limit "
+        << format_exact(check.limit) << " = " << in.ratio << " x mean |base - ref| "
+        << format_exact(check.baseline_mean_abs.value_or(0)) << " + mean floor "
+        << format_exact(*check.floor) << " (" << kFloorSigmas
         << " sigma of a careful implementation's rounding, " << model << "); " << setter
         << " set the limit\n";
   } else {
-    msg << path << ": |prod - ref| " << g(prod_err) << " at index " << format_index(w.index)
-        << " > limit " << g(check.limit) << " = " << in.ratio << " x err(base) "
-        << g(check.baseline_max_abs.value_or(0)) << " + floor " << g(*check.floor) << " ("
-        << kFloorSigmas << " sigma of a careful implementation's rounding there, " << model << "); "
-        << setter << " set the limit\n"
-        << "        Elements over their limit: " << over << " / " << check.numel << "\n";
+    msg << path << ": |prod - ref| " << format_exact(std::abs(w.prod - w.ref)) << " at index "
+        << format_index(w.index) << " > limit " << format_exact(check.limit) << " = " << in.ratio
+        << " x err(base) " << format_exact(check.baseline_max_abs.value_or(0)) << " + floor "
+        << format_exact(*check.floor) << " (" << kFloorSigmas
+        << " sigma of a careful implementation's rounding there, " << model << "); " << setter
+        << " set the limit\n"
+        << "        Elements over their limit: " << j.over << " / " << check.numel << "\n";
   }
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.3g%%", 100.0 * check.mismatches / check.numel);
-  msg << "        Mismatched elements (assert_close rtol " << rtol << ", atol " << atol
+  msg << "        Mismatched elements (assert_close rtol " << j.rtol << ", atol " << j.atol
       << "): " << check.mismatches << " / " << check.numel << " (" << pct << ")\n"
-      << "        Greatest absolute difference: " << g(check.max_abs) << "\n"
-      << "        at " << format_index(w.index) << ": prod " << g(w.prod) << ", base " << g(*w.base)
-      << ", ref " << g(w.ref) << "; relative Frobenius error " << g(*check.rel_fro) << ", cosine "
-      << g(*check.cosine);
+      << "        Greatest absolute difference: " << format_exact(check.max_abs) << "\n"
+      << "        at " << format_index(w.index) << ": prod " << format_exact(w.prod) << ", base "
+      << format_exact(*w.base) << ", ref " << format_exact(w.ref) << "; relative Frobenius error "
+      << format_exact(*check.rel_fro) << ", cosine " << format_exact(*check.cosine);
   if (!check.note.empty()) msg << "\n        " << check.note;
-  check.failure = msg.str();
-  return check;
+  return msg.str();
+}
+
+}  // namespace
+
+report::Check compare_ratio(const RatioInputs& in) {
+  RatioJudgement j = judge_ratio(in);
+  j.check.failure = ratio_message(in, j);
+  return std::move(j.check);
 }
 
 report::Check expect_rejection(const std::string& path, const std::string& compared, bool rejected,

@@ -24,8 +24,8 @@ constexpr int kRowsPerBlock = kBits == 3   ? 32
                                            : 16;  // whole packed words
 
 // Eight neighbouring outputs rounded once each. Stored with streaming stores (evict-first):
-// the output is not read again by this kernel, and without the hint 16-byte stores ran
-// slower than 8-byte ones in an exploratory H200 run. `wide`: the row starts on a 16-byte boundary
+// the output is not read again by this kernel, and without the hint wide stores can lose to
+// narrow ones (docs/performance.md). `wide`: the row starts on a 16-byte boundary
 // (N % 8 == 0), so one vector store; else two 8-byte ones. `second`: columns n0 + 4..7 exist (only
 // 8-bit layers with N % 8 == 4 lack them, in the last thread of a row).
 template <typename Out>
@@ -142,7 +142,7 @@ __device__ __forceinline__ GroupWords load_group(const GroupColumns& columns, in
 }
 
 // Decoding runs once per row in act-order blocks, where it was most of the kernel's
-// instructions (Nsight: issue-bound, not memory-bound): the one run-time shift is applied to
+// instructions (the kernel is issue-bound there, not memory-bound): the one run-time shift is applied to
 // the packed zero fields once, every field then sits at a compile-time bit position, and a
 // zero becomes a float by its bits (kMagicBits + field + offset, exact below 2^23) instead of
 // an int-to-float conversion. fp16 and bf16 scales are both 16-bit patterns, told apart by

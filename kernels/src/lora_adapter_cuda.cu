@@ -4,7 +4,7 @@
 // features] tensor and added it in a second pass: about five times the bytes of x moved per
 // use. Each kernel here reads the half tensor once and does the fp32 arithmetic in registers.
 // Rank <= 32 is 64 FLOP or less per element, so each could run at the speed of its memory
-// traffic; where each stands and what bounds it (Nsight): docs/performance.md.
+// traffic; where each stands and what bounds it: docs/performance.md.
 // Every sum over tokens or features is split in a fixed way and reduced in a fixed order, so
 // results are the same from run to run.
 #include <cuda_bf16.h>
@@ -76,7 +76,7 @@ __device__ __forceinline__ void apply_mask(const uint8_t* mask, float keep_scale
 // A thread owns kRowsTokens tokens: it sums their rows against a [kRowsStep, rank] tile of W
 // in shared memory that every thread of the block reads at the same address (a broadcast), so
 // each shared load feeds kRowsTokens FMAs per rank (with one token per thread these loads
-// bound the kernel: L1/TEX 89% under Nsight). The next step's x and W are loaded while this
+// bound the kernel). The next step's x and W are loaded while this
 // step is summed, and W's tile is double-buffered: one barrier per step. A block covers
 // kRowsTokens * 128 tokens and one chunk of features (rows_chunk); chunks are summed in a
 // second pass in chunk order.
@@ -226,8 +226,7 @@ __global__ void sum_chunks_kernel(const float* partial, int chunks, int64_t n, f
 // A thread owns kCols neighbouring features and holds W's [rank, kCols] slice of them in
 // registers (64 values whatever the rank); it walks kAddTokens tokens, reading P's row from
 // shared memory (a broadcast). At ranks 16 and 32 the registers are held to 128, four blocks
-// per SM: at 132 (three blocks) Nsight showed 17% occupancy and the kernel no faster than
-// before the pointer rework below. Rank 8's eight columns need more.
+// per SM: three blocks leave too few warps to hide the loads. Rank 8's eight columns need more.
 constexpr int kAddThreads = 128;
 constexpr int kAddTokens = 64;
 constexpr int kAddBatch = 8;
@@ -268,9 +267,8 @@ __global__ void __launch_bounds__(kAddThreads, kRank == 8 ? 1 : 4)
         w[j][c] = j < a.rank ? a.w.data[j * a.w.stride_j + (k + c) * a.w.stride_k] : 0.0f;
     }
   }
-  // Pointers advance by a batch of rows: indexing each token from the block's origin cost
-  // about 15 integer instructions per access (64-bit products, rematerialised), 40% of the
-  // loop beside its FMAs.
+  // Pointers advance by a batch of rows: indexing each token from the block's origin costs
+  // 64-bit products per access, rematerialised, which crowd out the loop's FMAs.
   const int64_t stride = a.features;
   T* y = static_cast<T*>(a.y) + t0 * stride + k;
   const uint8_t* mask = a.mask != nullptr ? a.mask + t0 * stride + k : nullptr;
@@ -308,7 +306,7 @@ __global__ void __launch_bounds__(kAddThreads, kRank == 8 ? 1 : 4)
 // A thread owns 8 neighbouring features and kRankBlock ranks of one block of tokens
 // (outer_tokens): per token one 16-byte load of x and P's kRankBlock values from shared memory.
 // The next kOuterBatch tokens' x is loaded while this batch is summed (loading and summing in
-// turn left the kernel waiting on memory: SM 39% under Nsight). Token blocks are summed in
+// turn leaves the kernel waiting on memory). Token blocks are summed in
 // order in a second pass, which also applies alpha and the strides.
 constexpr int kOuterThreads = 128;
 constexpr int kOuterMaxTokens = 256;  // tokens per block at most; a multiple of kOuterBatch

@@ -1,4 +1,4 @@
-// The LoRA runners end to end through the CLI: clean kernels pass, and each fault
+// The LoRA kinds (lora_w, qkv, mlp) end to end through the CLI: clean kernels pass, and each fault
 // switch makes the run fail naming the tensor the fault corrupts.
 #include <gtest/gtest.h>
 
@@ -26,14 +26,14 @@ dropout = 0.1
 
 using testing::run_captured;
 
-TEST(LoraRunners, CleanKernelsPass) {
+TEST(LoraKinds, CleanKernelsPass) {
   testing::TempDir dir;
   const auto r = run_captured({"run", dir.write("w.toml", kCases), dir.write("m.toml", kMlp)});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("o_proj/lora_A.grad"), std::string::npos) << r.out;  // the table
 }
 
-TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
+TEST(LoraKinds, MissingDropoutRescaleFailsOnInputGrad) {
   testing::TempDir dir;
   if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kDropoutRescaleMissing);
@@ -44,7 +44,7 @@ TEST(LoraRunners, MissingDropoutRescaleFailsOnInputGrad) {
   EXPECT_EQ(r.out.find("lora_A.grad: |prod - ref|"), std::string::npos) << r.out;
 }
 
-TEST(LoraRunners, MissingScaleInDAFailsOnLoraAGrad) {
+TEST(LoraKinds, MissingScaleInDAFailsOnLoraAGrad) {
   testing::TempDir dir;
   if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
   const ScopedFault fault(Fault::kLoraScaleMissingInDA);
@@ -59,7 +59,7 @@ TEST(LoraRunners, MissingScaleInDAFailsOnLoraAGrad) {
   EXPECT_EQ(r.out.find("lora_B.grad: |prod - ref|"), std::string::npos) << r.out;
 }
 
-TEST(LoraRunners, ImpossibleShapesAndRanges) {
+TEST(LoraKinds, ImpossibleShapesAndRanges) {
   testing::TempDir dir;
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(run_cli({"run", dir.write("a.toml",

@@ -57,7 +57,7 @@ seed = 3
   const auto* da = find_check(report, "o_proj/lora_A.grad");
   ASSERT_NE(da, nullptr);
   EXPECT_EQ((*da)["status"], "pass");
-  EXPECT_TRUE((*da)["max_abs"].is_number()) << *da;  // finite: JSON has no inf
+  EXPECT_TRUE((*da)["max_abs"].is_number()) << *da;           // finite: JSON has no inf
   EXPECT_TRUE((*da)["baseline_max_abs"].is_number()) << *da;  // base in fp32 adapters: finite
   EXPECT_EQ((*da)["note"], "") << (*da)["note"];
   // The fault that rounds the adapter path to fp16 (the former behaviour) overflows: a failure.
@@ -139,26 +139,6 @@ position_offset = 5
   const auto one = run_captured({"run", dir.write("s.toml", "kind = \"layer\"\nseq = 1\n")});
   EXPECT_EQ(one.code, 2);
   EXPECT_NE(one.err.find("seq must be at least 2 for kind layer"), std::string::npos) << one.err;
-}
-
-TEST(Sampler, DrawsValidCasesAndReplaysThemFromFiles) {
-  testing::TempDir dir;
-  const auto r =
-      run_captured({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant",
-                    "--cases-out", dir.path("cases"), "--json", dir.path("s.json")});
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("sample summary: 12 cases run"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("0 false alarms"), std::string::npos) << r.out;
-  // The same seed draws the same cases; each case file replays its case.
-  const auto again =
-      run_captured({"sample", "--count", "12", "--seed", "5", "--kinds", "lora_w,dequant"});
-  EXPECT_EQ(again.out.substr(again.out.find("sample summary")),
-            r.out.substr(r.out.find("sample summary")));
-  const auto replay = run_captured({"run", dir.path("cases/case-00003.toml"), "--quiet"});
-  EXPECT_EQ(replay.code, 0) << replay.out;
-  const auto bad = run_captured({"sample", "--kinds", "nope"});
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("the sampler draws no kind 'nope'"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -1,0 +1,33 @@
+// Which cases a command runs: case files, a suite folder or a checkpoint's layers, with the
+// overrides (--device, --dtype, --seed) applied and the id filter matched. Errors are
+// InputErrors (exit 2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/cli/checkpoint_commands.h"
+#include "harness/spec/case_spec.h"
+
+namespace gradscope {
+
+struct CaseSelection {
+  std::vector<std::string> files;
+  std::string suite;
+  std::string filter;
+  std::string cases_dir;
+  std::string device, dtype;
+  int64_t seed = -1;
+  CheckpointSelection checkpoint;
+};
+
+struct SelectedCase {
+  CaseSpec spec;
+  std::string id;
+};
+
+// The selected cases in file order, each id once (an override can make two cases identical).
+std::vector<SelectedCase> select_cases(const CaseSelection& sel);
+
+}  // namespace gradscope

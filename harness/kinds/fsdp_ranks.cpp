@@ -1,0 +1,248 @@
+#include "harness/kinds/fsdp_ranks.h"
+
+#include <ATen/ATen.h>
+#ifdef GRADSCOPE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+#include <chrono>
+#include "gradscope/fsdp_shards.h"
+#include "gradscope/quant_linear.h"
+#include "harness/checkpoint/checkpoint_reader.h"
+#include "harness/common/dtypes.h"
+#include "harness/common/file_system.h"
+#include "harness/common/input_error.h"
+#include "harness/common/tensor_bridge.h"
+#include "harness/distributed/process_ranks.h"
+#include "harness/distributed/thread_ranks.h"
+#include "harness/kinds/kind_decls.h"
+#include "harness/kinds/lora_testbed.h"
+#include "harness/verdict/compare.h"
+#include "reports/case_wire.h"
+
+namespace gradscope::fsdp_ranks {
+namespace {
+
+at::Device device_of(const tb::Config& c, int64_t gpu);
+// One rank's part of the case: gather, forward and backward on its slice, reduce-scatter,
+// the state dict and the cast guard; its checks and (rank 0) the summed gradients in `out`.
+void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, const HostCase& host,
+              const c10::intrusive_ptr<c10d::Backend>& backend, int64_t r, const at::Device device,
+              const std::string& scratch, RankResult& out);
+
+}  // namespace
+
+// Every rank's part in threads of this process, rank r on GPU r.
+std::vector<RankResult> run_as_threads(const tb::Config& c, const FsdpConfig& f,
+                                       const std::string& id, const HostCase& host) {
+  std::vector<RankResult> ranks(f.world_size);
+  const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+  const auto errors =
+      run_thread_ranks(static_cast<int>(f.world_size), c.device.type(), std::chrono::seconds(120),
+                       [&](int r, const c10::intrusive_ptr<c10d::Backend>& backend) {
+                         run_rank(c, f, id, host, backend, r, device_of(c, r), scratch, ranks[r]);
+                       });
+  files::remove_tree(scratch);
+  // Every rank's error: the first rank's may only be a timeout waiting for another's.
+  std::string failed;
+  for (int64_t r = 0; r < f.world_size; ++r) {
+    if (!errors[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + errors[r];
+  }
+  if (!failed.empty()) throw std::runtime_error("fsdp ranks failed:" + failed);
+  return ranks;
+}
+
+// This process's rank under torchrun (on GPU LOCAL_RANK): every rank's checks travel to
+// rank 0, which returns them all; the other ranks return none. A rank that fails here
+// fails the run (the group's state is unknown): RankFailure, after telling the others.
+std::vector<RankResult> run_as_process(const tb::Config& c, const FsdpConfig& f,
+                                       const std::string& id, const HostCase& host,
+                                       const RunOptions& options) {
+  auto& ranks = *options.ranks;
+  RankResult mine;
+  const std::string scratch = files::make_temp_dir("gradscope-fsdp");
+  try {
+    // The group forming and every collective of this rank's part, bounded as a whole.
+    const ProcessRanks::Watch watch(ranks, id + "'s process group and collectives");
+    const auto backend = ranks.new_group(c.device.type(), options.case_key);
+    run_rank(c, f, id, host, backend, ranks.rank(), device_of(c, ranks.local_rank()), scratch,
+             mine);
+#ifdef GRADSCOPE_WITH_CUDA
+    // Nothing of this rank's in flight when its group goes (see run_thread_ranks).
+    if (c.device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  } catch (const RankFailure&) {
+    files::remove_tree(scratch);
+    throw;
+  } catch (const std::exception& e) {
+    files::remove_tree(scratch);
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string message = id + " failed on rank " + std::to_string(ranks.rank()) + ": " +
+                                (c10_error ? c10_error->what_without_backtrace() : e.what());
+    ranks.fail(message);
+    throw RankFailure(message);
+  }
+  files::remove_tree(scratch);
+  ranks.publish(options.case_key + "/checks", report::checks_to_wire(mine.checks));
+  if (ranks.rank() != 0) return {};
+  const auto wires = ranks.collect(options.case_key + "/checks");
+  std::vector<RankResult> all(f.world_size);
+  for (int64_t r = 1; r < f.world_size; ++r) all[r].checks = report::checks_from_wire(wires[r]);
+  all[0] = std::move(mine);
+  return all;
+}
+
+namespace {
+
+at::Device device_of(const tb::Config& c, int64_t gpu) {
+  return c.device.is_cuda() ? at::Device(at::kCUDA, static_cast<int8_t>(gpu))
+                            : at::Device(at::kCPU);
+}
+
+void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, const HostCase& host,
+              const c10::intrusive_ptr<c10d::Backend>& backend, int64_t r, const at::Device device,
+              const std::string& scratch, RankResult& out) {
+  const std::string where = id + "/rank" + std::to_string(r) + "/";
+
+  QuantLinearOptions qo;
+  qo.storage = f.float_view() ? PackedStorage::kFloatParameters : PackedStorage::kInt32Buffers;
+  if (f.float_view()) qo.view_dtype = dtype_from_name(f.storage);
+  qo.rank = c.rank;
+  qo.scaling = c.scaling();
+  qo.adapter_dtype = c.adapter_dtype;
+  std::vector<QuantLinear> modules;
+  std::vector<at::Tensor> frozen, adapters, frozen_before;
+  std::vector<std::string> frozen_names, adapter_names;
+  // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
+  const auto check_adapters = [&](size_t j, const std::string& stage, const std::string& compared) {
+    const std::string path = where + stage + "/" + kNames[j] + "/";
+    out.checks.push_back(compare_exact(path + "lora_A", compared, modules[j]->lora_A.detach().cpu(),
+                                       host.lora_A[j].to(at::kDouble)));
+    out.checks.push_back(compare_exact(path + "lora_B", compared, modules[j]->lora_B.detach().cpu(),
+                                       host.lora_B[j].to(at::kDouble)));
+  };
+  for (size_t j = 0; j < host.base.size(); ++j) {
+    modules.emplace_back(host.base[j], at::Tensor(), qo);
+    auto& m = modules.back();
+    // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
+    // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
+    // this rank's shards (below), never whole.
+    if (!f.float_view()) m->to(device);
+    {
+      const at::NoGradGuard no_grad;
+      m->lora_A.copy_(host.lora_A[j]);  // from the host, as a rank loads a state dict
+      m->lora_B.copy_(host.lora_B[j]);
+    }
+    // The adapters as loaded, before any collective: with the check after the all-gather
+    // below, a wrong copy and a failed gather tell themselves apart.
+    check_adapters(j, "loaded", "as loaded vs the case's");
+    for (const auto& item : m->named_parameters()) {
+      if (item.key() == "lora_A" || item.key() == "lora_B") {
+        adapters.push_back(item.value());
+        adapter_names.push_back(std::string(kNames[j]) + "." + item.key());
+      } else {
+        frozen.push_back(item.value());
+        frozen_before.push_back(item.value().detach().clone());
+        frozen_names.push_back(std::string(kNames[j]) + "." + item.key());
+      }
+    }
+  }
+  std::unique_ptr<ShardedParameters> frozen_shards;
+  if (!frozen.empty()) {
+    frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend, device);
+  }
+  ShardedParameters adapter_shards(adapters, f.strategy, backend, device);
+
+  if (frozen_shards) frozen_shards->gather();
+  adapter_shards.gather();
+  for (size_t j = 0; j < modules.size(); ++j) {
+    const auto words = modules[j]->packed();
+    const auto& original = host.base[j];
+    const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
+    out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
+                                       words.qweight, original.qweight.to(at::kLong)));
+    out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
+                                       words.qzeros, original.qzeros.to(at::kLong)));
+    out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
+                                       words.scales, original.scales.to(at::kDouble)));
+    check_adapters(j, "gathered", "after all-gather vs before sharding");
+  }
+  // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
+  const int64_t slice = host.x2.size(0) / f.world_size;
+  const auto projection = [&](size_t j) {
+    return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
+                          modules[j]->lora_B, c.scaling()};
+  };
+  const auto slice_of = [&](const at::Tensor& t) {
+    return t.narrow(0, r * slice, slice).to(device);
+  };
+  const auto y = lora_mlp(slice_of(host.x2), projection(0), projection(1), projection(2));
+  y.backward(slice_of(host.dy2));
+  // Backward computes gradients and nothing else: the adapters a rank trains on next step must
+  // still be the case's, bit for bit (an op that writes into its inputs fails here).
+  for (size_t j = 0; j < modules.size(); ++j) {
+    check_adapters(j, "after_backward", "after backward vs the case's");
+  }
+  std::vector<at::Tensor> grads;
+  for (const auto& a : adapters) grads.push_back(a.grad());
+  const auto grad_shards = adapter_shards.reduce_scatter(grads);
+  adapter_shards.release();
+  if (frozen_shards) frozen_shards->release();
+  const auto summed = adapter_shards.gather_copy(grad_shards);  // in the order of `adapters`
+  if (r == 0) {
+    std::map<std::string, at::Tensor> by_name;
+    for (size_t i = 0; i < summed.size(); ++i) by_name[adapter_names[i]] = summed[i];
+    for (const char* name : kNames) {
+      out.adapter_grads[name] = {by_name.at(std::string(name) + ".lora_A"),
+                                 by_name.at(std::string(name) + ".lora_B")};
+    }
+  }
+
+  // A state dict from the shards (every rank gathers; rank 0 writes and reloads it).
+  const auto full = frozen_shards ? frozen_shards->gather_copy(frozen_shards->shards())
+                                  : std::vector<at::Tensor>{};
+  if (r == 0 && !full.empty()) {
+    std::vector<safetensors::OutputTensor> tensors;
+    for (size_t i = 0; i < full.size(); ++i) {
+      tensors.push_back(to_safetensors(frozen_names[i], full[i]));
+    }
+    const std::string path = scratch + "/state_dict.safetensors";
+    safetensors::write_file(path, tensors, {});
+    const safetensors::File file(path);
+    for (size_t i = 0; i < full.size(); ++i) {
+      out.checks.push_back(compare_bits(id + "/state_dict/" + frozen_names[i],
+                                        "reloaded from a state dict of the shards vs before "
+                                        "sharding",
+                                        from_safetensors(file, *file.find(frozen_names[i])),
+                                        frozen_before[i]));
+    }
+  }
+
+  // The cast guard: a numeric round trip of one shard through another float dtype (a
+  // mixed-precision policy that casts) must be refused by name, not computed on.
+  if (frozen_shards) {
+    auto& shard = frozen_shards->shards().front();
+    const auto other = shard.scalar_type() == at::kHalf ? at::kBFloat16 : at::kHalf;
+    const auto saved = shard.clone();
+    shard.copy_(shard.to(other).to(shard.scalar_type()));
+    frozen_shards->gather();
+    std::string message;
+    try {
+      for (auto& m : modules) m->check_packed_intact();
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    }
+    // Refused, and by the name of a packed tensor.
+    const bool named = message.find("qweight") != std::string::npos ||
+                       message.find("qzeros") != std::string::npos ||
+                       message.find("scales") != std::string::npos ||
+                       message.find("g_idx") != std::string::npos;
+    out.checks.push_back(expect_rejection(
+        where + "cast_guard", "a numerically cast shard refused by name", named,
+        message.empty() ? "the words were cast and nothing noticed" : "message: " + message));
+    shard.copy_(saved);
+    frozen_shards->release();
+  }
+}
+
+}  // namespace
+}  // namespace gradscope::fsdp_ranks
