@@ -53,4 +53,14 @@ auto& member(PerProjection& layer, std::string_view projection) {
   throw std::invalid_argument("unknown projection " + std::string(projection));
 }
 
+// The same for a struct of the MLP's three alone (gate, up, down: the reference's MlpGrads,
+// MlpNoise).
+template <class PerProjection>
+auto& mlp_member(PerProjection& mlp, std::string_view projection) {
+  if (projection == "gate_proj") return mlp.gate;
+  if (projection == "up_proj") return mlp.up;
+  if (projection == "down_proj") return mlp.down;
+  throw std::invalid_argument("not an MLP projection: " + std::string(projection));
+}
+
 }  // namespace gradscope

@@ -21,6 +21,7 @@
 #include "harness/common/dtypes.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
+#include "harness/common/llama_projections.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/distributed/process_ranks.h"
 #include "harness/distributed/thread_ranks.h"
@@ -121,11 +122,9 @@ class FsdpTestbed final : public Testbed {
     }
     tb::Checks checks(c_, context_.id + "/layer0/mlp/", context_.options.keep_tensors, *noise_);
     note_partial_overflow(checks);
-    const reference::ProjectionGrads* refs[] = {&ref_.gate, &ref_.up, &ref_.down};
-    const reference::ProjectionGradsNoise* noises[] = {&floor_.gate, &floor_.up, &floor_.down};
-    for (size_t j = 0; j < p_.size(); ++j) {
-      checks.add_adapter_grads(p_[j], ranks_[0].adapter_grads.at(p_[j].name),
-                               unsharded_.of(p_[j].name), *refs[j], *noises[j]);
+    for (const auto& p : p_) {
+      checks.add_adapter_grads(p, ranks_[0].adapter_grads.at(p.name), unsharded_.of(p.name),
+                               mlp_member(ref_, p.name), mlp_member(floor_, p.name));
     }
     for (auto& check : checks.take()) out.checks.push_back(std::move(check));
   }
@@ -142,13 +141,12 @@ class FsdpTestbed final : public Testbed {
       const reference::Matrix dys = dy_.ref.middleRows(r * slice, slice);
       const auto part =
           reference::mlp_backward(xs, dys, p_[0].ref, p_[1].ref, p_[2].ref, none_, none_);
-      const reference::ProjectionGrads* parts[] = {&part.gate, &part.up, &part.down};
-      for (size_t j = 0; j < 3; ++j) {
-        const double m =
-            std::max(parts[j]->dA.cwiseAbs().maxCoeff(), parts[j]->dB.cwiseAbs().maxCoeff());
+      for (const auto& proj : p_) {
+        const auto& g = mlp_member(part, proj.name);
+        const double m = std::max(g.dA.cwiseAbs().maxCoeff(), g.dB.cwiseAbs().maxCoeff());
         if (m > max) {
           checks.note_model_overflow("rank " + std::to_string(r) + "'s partial gradient of " +
-                                         kNames[j] + " reaches " + report::format_number(m) +
+                                         proj.name + " reaches " + report::format_number(m) +
                                          " > " + bridge::dtype_name(c_.adapter_dtype) + " max " +
                                          report::format_number(max),
                                      bridge::dtype_name(c_.adapter_dtype));

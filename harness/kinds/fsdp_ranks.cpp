@@ -114,7 +114,7 @@ void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, c
   std::vector<std::string> frozen_names, adapter_names;
   // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
   const auto check_adapters = [&](size_t j, const std::string& stage, const std::string& compared) {
-    const std::string path = where + stage + "/" + kNames[j] + "/";
+    const std::string path = where + stage + "/" + host.names[j] + "/";
     out.checks.push_back(compare_exact(path + "lora_A", compared, modules[j]->lora_A.detach().cpu(),
                                        host.lora_A[j].to(at::kDouble)));
     out.checks.push_back(compare_exact(path + "lora_B", compared, modules[j]->lora_B.detach().cpu(),
@@ -138,11 +138,11 @@ void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, c
     for (const auto& item : m->named_parameters()) {
       if (item.key() == "lora_A" || item.key() == "lora_B") {
         adapters.push_back(item.value());
-        adapter_names.push_back(std::string(kNames[j]) + "." + item.key());
+        adapter_names.push_back(host.names[j] + "." + item.key());
       } else {
         frozen.push_back(item.value());
         frozen_before.push_back(item.value().detach().clone());
-        frozen_names.push_back(std::string(kNames[j]) + "." + item.key());
+        frozen_names.push_back(host.names[j] + "." + item.key());
       }
     }
   }
@@ -157,7 +157,7 @@ void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, c
   for (size_t j = 0; j < modules.size(); ++j) {
     const auto words = modules[j]->packed();
     const auto& original = host.base[j];
-    const std::string path = where + "gathered/" + kNames[j] + "/gptq/";
+    const std::string path = where + "gathered/" + host.names[j] + "/gptq/";
     out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
                                        words.qweight, original.qweight.to(at::kLong)));
     out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
@@ -191,9 +191,8 @@ void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, c
   if (r == 0) {
     std::map<std::string, at::Tensor> by_name;
     for (size_t i = 0; i < summed.size(); ++i) by_name[adapter_names[i]] = summed[i];
-    for (const char* name : kNames) {
-      out.adapter_grads[name] = {by_name.at(std::string(name) + ".lora_A"),
-                                 by_name.at(std::string(name) + ".lora_B")};
+    for (const auto& name : host.names) {
+      out.adapter_grads[name] = {by_name.at(name + ".lora_A"), by_name.at(name + ".lora_B")};
     }
   }
 

@@ -34,20 +34,20 @@ struct RankResult {
       adapter_grads;  // by projection, summed over ranks (rank 0)
 };
 
-inline const char* const kNames[] = {"gate_proj", "up_proj", "down_proj"};
-
 // What the ranks read of the case, on the host. The case's tensors live on the main thread's
 // device (GPU 0 on CUDA): a rank reading them there would queue its copies on GPU 0's
 // default stream, which rank 0's collectives hold (wait() makes that stream wait for
 // them), so rank 1 could block behind a collective that needs rank 1 and the group would
 // hang in its first reduce-scatter.
 struct HostCase {
+  std::vector<std::string> names;  // the projections' names, in the order of the vectors below
   std::vector<GptqWeight> base;
   std::vector<at::Tensor> lora_A, lora_B;
   at::Tensor x2, dy2;  // [tokens, hidden]
   HostCase(const std::vector<tb::Projection>& p, const at::Tensor& x2_, const at::Tensor& dy2_)
       : x2(x2_.cpu()), dy2(dy2_.cpu()) {
     for (const auto& proj : p) {
+      names.push_back(proj.name);
       base.push_back(proj.prod.base.to(at::kCPU));
       lora_A.push_back(proj.prod.lora_A.detach().cpu());
       lora_B.push_back(proj.prod.lora_B.detach().cpu());

@@ -80,8 +80,8 @@ class LayerTestbed final : public Testbed {
 
   void verify(CaseResult& out) override {
     out.metrics.emplace_back("floor.seconds", floor_seconds_);
-    out.metrics.emplace_back("prod.setup_seconds", setup_seconds_[0]);
-    out.metrics.emplace_back("base.setup_seconds", setup_seconds_[1]);
+    out.metrics.emplace_back("prod.setup_seconds", prod_setup_seconds_);
+    out.metrics.emplace_back("base.setup_seconds", base_setup_seconds_);
     out.metrics.emplace_back("inputs.first_position", double(shape_.position_offset));
     const bool keep = context_.options.keep_tensors;
     for (int64_t i = 0; i < dims_.layers; ++i) {
@@ -129,7 +129,7 @@ class LayerTestbed final : public Testbed {
       const auto dy = i + 1 == n ? dy_.of(role) : rounded(dys_[i]).to(c_.device);
       PhaseTimer setup(c_.device.is_cuda(), false);
       const auto d = ds::device_layer(c_, dims_, stack_[i], role, shape_.position_offset);
-      setup_seconds_[is_prod ? 0 : 1] += setup.seconds();
+      (is_prod ? prod_setup_seconds_ : base_setup_seconds_) += setup.seconds();
       const auto y = is_prod ? decoder_layer(h, d, ops) : baseline::decoder_layer(h, d);
       passes.push_back({y.detach(), tb::backward({y}, {dy}, h, ds::named_projections(d))});
     }
@@ -151,7 +151,7 @@ class LayerTestbed final : public Testbed {
   std::vector<reference::LayerGrads> ref_grads_;
   std::optional<reference::RoundingNoise> noise_;
   std::vector<reference::LayerNoise> floor_;
-  double floor_seconds_ = 0, setup_seconds_[2] = {0, 0};
+  double floor_seconds_ = 0, prod_setup_seconds_ = 0, base_setup_seconds_ = 0;
   std::vector<Pass> prod_, base_;
 };
 
