@@ -103,7 +103,8 @@ class PhaseTimer {
   double seconds();
 
  private:
-  bool cuda_, track_memory_;
+  // Read only where CUDA is built in.
+  [[maybe_unused]] bool cuda_, track_memory_;
   std::chrono::steady_clock::time_point start_;
 };
 
