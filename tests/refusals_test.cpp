@@ -25,10 +25,7 @@ namespace {
 
 using testing::TempDir;
 
-const char* kCase = R"(kind = "lora_w"
-in_features = 64
-out_features = 32
-)";
+using testing::kSmallCase;
 
 testing::CliResult cli(const std::vector<std::string>& args) {
   return testing::run_captured(args);
@@ -44,10 +41,7 @@ void expect_refused(const std::vector<std::string>& args, const std::string& nee
       << command << "\nexpected: " << needle << "\ngot: " << r.out << r.err;
 }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string read(const std::string& path) { return testing::read_file(path); }
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
@@ -80,7 +74,7 @@ TEST(Refusals, ANamespaceRegisteredTwiceIsAnInputError) {
   // gradscope's own operators, again: torch refuses a second TORCH_LIBRARY for a namespace
   // inside dlopen, which used to end the process (134).
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   expect_refused({"run", c, "--ops-library", GRADSCOPE_OPS_LIBRARY},
                  "Only a single TORCH_LIBRARY can be used to register the namespace gradscope");
   // One plugin from two paths: the copy registers the namespace the original did.
@@ -97,7 +91,7 @@ TEST(Refusals, ANamespaceRegisteredTwiceIsAnInputError) {
 
 TEST(Refusals, DeeplyNestedJsonIsRefusedNotACrash) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   const auto ckpt = export_checkpoint(dir, "ck");
   const std::string qc = ckpt + "/quantize_config.json";
   const std::string original = read(qc);
@@ -145,7 +139,7 @@ TEST(Refusals, AFifoNamedByTheIndexIsRefusedNotWaitedOn) {
 TEST(Refusals, FolderLinkLoopsInASuiteAreRefused) {
   TempDir dir;
   ASSERT_EQ(::mkdir(dir.path("s").c_str(), 0755), 0);
-  dir.write("s/c.toml", kCase);
+  dir.write("s/c.toml", kSmallCase);
   ASSERT_EQ(::symlink("..", dir.path("s/up").c_str()), 0);
   expect_refused({"list", "--cases-dir", dir.path(), "--suite", "s"}, "s/up");
   ASSERT_EQ(::unlink(dir.path("s/up").c_str()), 0);
@@ -156,7 +150,7 @@ TEST(Refusals, FolderLinkLoopsInASuiteAreRefused) {
 TEST(Refusals, AZeroReferenceIsNotJudgedNotAFalseAlarm) {
   TempDir dir;
   for (const char* alpha : {"0.0", "1e-300"}) {
-    const auto c = dir.write("c.toml", std::string(kCase) + "alpha = " + alpha + "\n");
+    const auto c = dir.write("c.toml", std::string(kSmallCase) + "alpha = " + alpha + "\n");
     const auto r = cli({"run", c, "--quiet"});
     EXPECT_EQ(r.code, 2) << alpha << "\n" << r.out;
     EXPECT_NE(r.out.find("lora_A.grad: cannot be judged: the exact value is all zero"),
@@ -167,7 +161,7 @@ TEST(Refusals, AZeroReferenceIsNotJudgedNotAFalseAlarm) {
     EXPECT_NE(r.out.find("2 not judged"), std::string::npos) << r.out;
   }
   // The same case with the default alpha is judged, and passes.
-  const auto c = dir.write("ok.toml", kCase);
+  const auto c = dir.write("ok.toml", kSmallCase);
   EXPECT_EQ(cli({"run", c, "--quiet"}).code, 0);
 }
 
@@ -238,7 +232,7 @@ TEST(Refusals, OutputsNeverTakeANameTheCheckpointReaderReads) {
 TEST(Refusals, SuiteEntriesThatAreNotFilesAreNamed) {
   TempDir dir;
   ASSERT_EQ(::mkdir(dir.path("s").c_str(), 0755), 0);
-  dir.write("s/a.toml", kCase);
+  dir.write("s/a.toml", kSmallCase);
   ASSERT_EQ(::mkfifo(dir.path("s/b.toml").c_str(), 0600), 0);
   expect_refused({"run", "--cases-dir", dir.path(), "--suite", "s"}, "s/b.toml");
   ASSERT_EQ(::unlink(dir.path("s/b.toml").c_str()), 0);
@@ -257,7 +251,7 @@ TEST(Refusals, SeedsOutOfRangeAreRefusedNotWrapped) {
 
 TEST(Refusals, LaxAcceptedReportsAreRefusedByField) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   const auto against = [&](const std::string& json, const std::string& needle) {
     expect_refused({"run", c, "--quiet", "--against", dir.write("a.json", json)}, needle);
   };
@@ -282,7 +276,7 @@ TEST(Refusals, LaxAcceptedReportsAreRefusedByField) {
 
 TEST(Refusals, FlagsWithoutThePartnerTheyModifyAreRefused) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   expect_refused({"run", c, "--against-factor", "2"}, "--against-factor requires --against");
   expect_refused({"run", c, "--dump-failing-only"}, "--dump-failing-only requires --dump");
   expect_refused({"run", c, "--dump-gradients-only"}, "--dump-gradients-only requires --dump");
@@ -295,7 +289,7 @@ TEST(Refusals, FlagsWithoutThePartnerTheyModifyAreRefused) {
 
 TEST(Refusals, MessagesSayWhatIsWrongWithWhichFile) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   const std::string fifo = dir.path("fifo.json");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   expect_refused({"run", c, "--against", fifo}, fifo + ": not a regular file");
@@ -303,9 +297,9 @@ TEST(Refusals, MessagesSayWhatIsWrongWithWhichFile) {
   // A folder that exists, given with a trailing slash: it exists, it is not missing.
   expect_refused({"export", "--out", dir.path() + "/"}, "already exists");
   // Integer bounds as integers, float values as they read back.
-  expect_refused({"run", dir.write("r.toml", std::string(kCase) + "rank = 5000\n")},
+  expect_refused({"run", dir.write("r.toml", std::string(kSmallCase) + "rank = 5000\n")},
                  "key 'rank' is 5000; expected an integer in [1, 4096]");
-  expect_refused({"run", dir.write("a.toml", std::string(kCase) + "alpha = 1000001.0\n")},
+  expect_refused({"run", dir.write("a.toml", std::string(kSmallCase) + "alpha = 1000001.0\n")},
                  "key 'alpha' is 1000001; expected a value in [-1000000, 1000000]");
   // A case built as text from a checkpoint names the file and key a value came from, not a
   // line of the generated text.
@@ -327,7 +321,7 @@ TEST(Dumps, FifosUnknownSchemasAndNaNs) {
   const auto show = cli({"show", fifo});  // must not block in open()
   EXPECT_EQ(show.code, 2);
   EXPECT_NE(show.err.find("not a regular file"), std::string::npos) << show.err;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   ASSERT_EQ(cli({"run", c, "--dump", dir.path("a.h5"), "--quiet"}).code, 0);
   // Two runs of one case are the same; another seed differs (NaN against NaN: the h5py test).
   ASSERT_EQ(cli({"run", c, "--dump", dir.path("b.h5"), "--quiet"}).code, 0);
@@ -426,7 +420,7 @@ TEST(Messages, SayWhatIsWrong) {
       {{"run", dir.write("k.toml", "kind = 3\n")}, "key 'kind' must be a string, got an integer"},
       {{"run", dir.path()}, "is a folder"},
       {{"frobnicate"}, "frobnicate"},
-      {{"run", dir.write("c.toml", kCase), "--seed", "-1"}, "--seed"},
+      {{"run", dir.write("c.toml", kSmallCase), "--seed", "-1"}, "--seed"},
   };
   for (const auto& b : bad) {
     const auto r = cli(b.args);

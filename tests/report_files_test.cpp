@@ -25,19 +25,13 @@ namespace {
 
 using testing::TempDir;
 
-const char* kCase = R"(kind = "lora_w"
-in_features = 64
-out_features = 32
-)";
+using testing::kSmallCase;
 
 testing::CliResult cli(const std::vector<std::string>& args) {
   return testing::run_captured(args);
 }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string read(const std::string& path) { return testing::read_file(path); }
 
 bool is_character_device(const std::string& path) {
   struct stat st {};
@@ -46,7 +40,7 @@ bool is_character_device(const std::string& path) {
 
 TEST(OutputFiles, DevicesAreWrittenThroughNeverReplaced) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   const auto r = cli({"run", c, "--json", "/dev/null", "--quiet"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(is_character_device("/dev/null"));
@@ -66,7 +60,7 @@ TEST(OutputFiles, DevicesAreWrittenThroughNeverReplaced) {
 
 TEST(OutputFiles, SameTargetTwiceEmptyOrDashIsRefused) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   const struct {
     std::vector<std::string> args;
     std::string expected;
@@ -84,7 +78,7 @@ TEST(OutputFiles, SameTargetTwiceEmptyOrDashIsRefused) {
     EXPECT_EQ(r.code, 2) << b.expected << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(b.expected), std::string::npos) << r.err;
   }
-  EXPECT_EQ(read(c), kCase);
+  EXPECT_EQ(read(c), kSmallCase);
   EXPECT_EQ(files::find_files(dir.path(), ""), std::vector<std::string>{c});
 }
 
@@ -156,7 +150,7 @@ TEST(Dumps, WrittenCaseByCaseOrNotAtAll) {
 
 TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
   TempDir dir;
-  const auto c = dir.write("c.toml", kCase);
+  const auto c = dir.write("c.toml", kSmallCase);
   ASSERT_EQ(cli({"run", c, "--json", dir.path("a.json"), "--quiet"}).code, 0);
   std::string text = read(dir.path("a.json"));
   // An accepted report whose first check had a non-finite error, as gradscope writes it, and

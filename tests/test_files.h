@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "harness/common/file_system.h"
@@ -29,5 +30,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A small lora_w case that runs in well under a second.
+inline constexpr const char* kSmallCase = R"(kind = "lora_w"
+in_features = 64
+out_features = 32
+)";
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 }  // namespace gradscope::testing
