@@ -41,7 +41,9 @@ void expect_refused(const std::vector<std::string>& args, const std::string& nee
       << command << "\nexpected: " << needle << "\ngot: " << r.out << r.err;
 }
 
-std::string read(const std::string& path) { return testing::read_file(path); }
+std::string read(const std::string& path) {
+  return testing::read_file(path);
+}
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;

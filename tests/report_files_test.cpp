@@ -31,7 +31,9 @@ testing::CliResult cli(const std::vector<std::string>& args) {
   return testing::run_captured(args);
 }
 
-std::string read(const std::string& path) { return testing::read_file(path); }
+std::string read(const std::string& path) {
+  return testing::read_file(path);
+}
 
 bool is_character_device(const std::string& path) {
   struct stat st {};
