@@ -84,9 +84,9 @@ sym = false
                                  "kind = \"dequant\"\n[matrix]\nbits = [4]\n[[cases]]\nbits = 2\n"))
                 .find("m.toml:5: key 'bits' is set both in [matrix] and in [[cases]]"),
             std::string::npos);
-  EXPECT_NE(load_error(dir.write("v.toml", "kind = \"dequant\"\n[[cases]]\nbits = 5\n"))
-                .find("v.toml:3"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.write("v.toml", "kind = \"dequant\"\n[[cases]]\nbits = 5\n")).find("v.toml:3"),
+      std::string::npos);
   EXPECT_NE(load_error(dir.write("u.toml", "kind = \"dequant\"\n[[cases]]\nrank = 5\n"))
                 .find("unknown key 'cases.rank' for kind 'dequant'"),
             std::string::npos);
@@ -94,9 +94,10 @@ sym = false
                 .find("key 'cases' must be a non-empty array of tables"),
             std::string::npos);
   // A shape rule checked on each row: 3-bit rows need multiples of 32.
-  EXPECT_NE(load_error(dir.write("s.toml", "kind = \"dequant\"\n[[cases]]\nbits = 3\nin_features = 40\n"))
-                .find("in_features"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.write("s.toml", "kind = \"dequant\"\n[[cases]]\nbits = 3\nin_features = 40\n"))
+          .find("in_features"),
+      std::string::npos);
 }
 
 TEST(CaseFile, MalformedTomlNamesFileAndLine) {
@@ -256,8 +257,8 @@ TEST(CaseFile, AValuePaddedWithUnderscoresIsRefusedBeforeTheTomlLibraryScansIt) 
         << e.what();
   }
   // Underscores between words, and up to 32 in one, are still read.
-  EXPECT_EQ(parse_case_text("kind = \"dequant\"\ndescription = \"" + std::string(32, '_') +
-                                " " + std::string(32, '_') + "\"\n",
+  EXPECT_EQ(parse_case_text("kind = \"dequant\"\ndescription = \"" + std::string(32, '_') + " " +
+                                std::string(32, '_') + "\"\n",
                             "d.toml")
                 .size(),
             1u);

@@ -28,8 +28,7 @@ nlohmann::json read_json_input_file(const std::string& path);
 
 // An integer in [lo, hi]: a JSON integer (not a float, not a string) that fits, or InputError
 // naming `where` and the range. No value is narrowed silently (2^32 + 4 is not 4).
-int64_t json_integer(const nlohmann::json& value, const std::string& where, int64_t lo,
-                     int64_t hi);
+int64_t json_integer(const nlohmann::json& value, const std::string& where, int64_t lo, int64_t hi);
 
 // A short rendering of a value for an error message: at most 80 characters, never recursive
 // past kMaxJsonDepth.

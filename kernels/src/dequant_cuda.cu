@@ -142,12 +142,12 @@ __device__ __forceinline__ GroupWords load_group(const GroupColumns& columns, in
 }
 
 // Decoding runs once per row in act-order blocks, where it was most of the kernel's
-// instructions (the kernel is issue-bound there, not memory-bound): the one run-time shift is applied to
-// the packed zero fields once, every field then sits at a compile-time bit position, and a
-// zero becomes a float by its bits (kMagicBits + field + offset, exact below 2^23) instead of
-// an int-to-float conversion. fp16 and bf16 scales are both 16-bit patterns, told apart by
-// a flag uniform across the grid: one branch instead of a second instantiation of every
-// kernel, which halves the file's compile time.
+// instructions (the kernel is issue-bound there, not memory-bound): the one run-time shift is
+// applied to the packed zero fields once, every field then sits at a compile-time bit position, and
+// a zero becomes a float by its bits (kMagicBits + field + offset, exact below 2^23) instead of an
+// int-to-float conversion. fp16 and bf16 scales are both 16-bit patterns, told apart by a flag
+// uniform across the grid: one branch instead of a second instantiation of every kernel, which
+// halves the file's compile time.
 template <int kBits>
 __device__ __forceinline__ void decode_group(const GroupWords& w, int zero_shift,
                                              uint32_t zero_bits, bool bf16_scales,
