@@ -1,6 +1,7 @@
 #include "harness/engine/case_kind.h"
 
 #ifdef GRADSCOPE_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -11,6 +12,9 @@ PhaseTimer::PhaseTimer(bool cuda, bool track_memory)
     : cuda_(cuda), track_memory_(track_memory && cuda) {
 #ifdef GRADSCOPE_WITH_CUDA
   if (track_memory_) {
+    // The caching allocator exists only once CUDA is initialised, which the first CUDA tensor
+    // does; a case whose inputs are drawn on the host (dequant) reaches here before any.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::device_synchronize();
     c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   }
