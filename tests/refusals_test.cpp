@@ -26,6 +26,7 @@ namespace {
 using testing::TempDir;
 
 using testing::kSmallCase;
+using testing::read_file;
 
 testing::CliResult cli(const std::vector<std::string>& args) {
   return testing::run_captured(args);
@@ -41,16 +42,12 @@ void expect_refused(const std::vector<std::string>& args, const std::string& nee
       << command << "\nexpected: " << needle << "\ngot: " << r.out << r.err;
 }
 
-std::string read(const std::string& path) {
-  return testing::read_file(path);
-}
-
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
 void replace_in(const std::string& path, const std::string& from, const std::string& to) {
-  std::string text = read(path);
+  std::string text = read_file(path);
   const auto at = text.find(from);
   ASSERT_NE(at, std::string::npos) << from << " not in " << path;
   text.replace(at, from.size(), to);
@@ -81,7 +78,7 @@ TEST(Refusals, ANamespaceRegisteredTwiceIsAnInputError) {
                  "Only a single TORCH_LIBRARY can be used to register the namespace gradscope");
   // One plugin from two paths: the copy registers the namespace the original did.
   const std::string copy = dir.path("copy_of_test_ops.so");
-  write(copy, read(GRADSCOPE_TEST_OPS_LIBRARY));
+  write(copy, read_file(GRADSCOPE_TEST_OPS_LIBRARY));
   expect_refused({"run", c, "--impl", "plain_torch", "--ops-library", GRADSCOPE_TEST_OPS_LIBRARY,
                   "--ops-library", copy},
                  "--ops-library " + copy + ": cannot load it");
@@ -96,7 +93,7 @@ TEST(Refusals, DeeplyNestedJsonIsRefusedNotACrash) {
   const auto c = dir.write("c.toml", kSmallCase);
   const auto ckpt = export_checkpoint(dir, "ck");
   const std::string qc = ckpt + "/quantize_config.json";
-  const std::string original = read(qc);
+  const std::string original = read_file(qc);
   write(qc, "{\"bits\": " + nested(100000, "4") + "}");
   expect_refused({"run", "--checkpoint", ckpt}, "nested deeper than 64");
   expect_refused({"dequant", "--checkpoint", ckpt, "--module", "model.layers.0.mlp.down_proj",
@@ -108,7 +105,7 @@ TEST(Refusals, DeeplyNestedJsonIsRefusedNotACrash) {
   expect_refused({"run", "--checkpoint", ckpt}, "config.json");
   // An --against report whose max_abs, or worst, is nested as deep.
   ASSERT_EQ(cli({"run", c, "--json", dir.path("a.json"), "--quiet"}).code, 0);
-  std::string report = read(dir.path("a.json"));
+  std::string report = read_file(dir.path("a.json"));
   const auto at = report.find("\"max_abs\": ");
   ASSERT_NE(at, std::string::npos);
   report.replace(at, report.find(',', at) - at, "\"max_abs\": " + nested(100000, "1"));
@@ -171,7 +168,7 @@ TEST(Refusals, IntegersThatDoNotFitAreRefusedNotNarrowed) {
   TempDir dir;
   const auto ckpt = export_checkpoint(dir, "ck");
   const std::string qc = ckpt + "/quantize_config.json";
-  const std::string original = read(qc);
+  const std::string original = read_file(qc);
   replace_in(qc, "\"bits\": 4", "\"bits\": 4294967300");
   expect_refused({"run", "--checkpoint", ckpt}, "key 'bits' is 4294967300, outside [2, 8]");
   write(qc, original);
@@ -187,7 +184,7 @@ TEST(Refusals, AmbiguousCheckpointsAreRefused) {
   TempDir dir;
   const auto ckpt = export_checkpoint(dir, "ck");
   const std::string qc = ckpt + "/quantize_config.json";
-  const std::string original = read(qc);
+  const std::string original = read_file(qc);
   replace_in(qc, "\"sym\": true", "\"sym\": null");
   expect_refused({"run", "--checkpoint", ckpt}, "key 'sym' is null");
   write(qc, original);
@@ -215,7 +212,7 @@ TEST(Refusals, OutputsNeverTakeANameTheCheckpointReaderReads) {
   const auto ckpt = export_checkpoint(dir, "ck");
   // The config moved into config.json: quantize_config.json is free, but the reader would read
   // a file of that name first next time.
-  const std::string qc = read(ckpt + "/quantize_config.json");
+  const std::string qc = read_file(ckpt + "/quantize_config.json");
   ASSERT_EQ(::unlink((ckpt + "/quantize_config.json").c_str()), 0);
   replace_in(ckpt + "/config.json", "\"model_type\"",
              "\"quantization_config\": " + qc + ", \"model_type\"");

@@ -26,13 +26,10 @@ namespace {
 using testing::TempDir;
 
 using testing::kSmallCase;
+using testing::read_file;
 
 testing::CliResult cli(const std::vector<std::string>& args) {
   return testing::run_captured(args);
-}
-
-std::string read(const std::string& path) {
-  return testing::read_file(path);
 }
 
 bool is_character_device(const std::string& path) {
@@ -80,7 +77,7 @@ TEST(OutputFiles, SameTargetTwiceEmptyOrDashIsRefused) {
     EXPECT_EQ(r.code, 2) << b.expected << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(b.expected), std::string::npos) << r.err;
   }
-  EXPECT_EQ(read(c), kSmallCase);
+  EXPECT_EQ(read_file(c), kSmallCase);
   EXPECT_EQ(files::find_files(dir.path(), ""), std::vector<std::string>{c});
 }
 
@@ -93,8 +90,8 @@ TEST(OutputFiles, TemporariesAreExclusiveAndRemovedOnError) {
   const auto victim = dir.write("victim", "keep");
   ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0);
   report::write_output_file(target, "{}\n");
-  EXPECT_EQ(read(target), "{}\n");
-  EXPECT_EQ(read(victim), "keep");
+  EXPECT_EQ(read_file(target), "{}\n");
+  EXPECT_EQ(read_file(victim), "keep");
   {
     report::StagedFile staged(dir.path("never.json"));
     staged.write("partial");
@@ -154,7 +151,7 @@ TEST(Reports, NonFiniteErrorsRoundTripThroughAgainst) {
   TempDir dir;
   const auto c = dir.write("c.toml", kSmallCase);
   ASSERT_EQ(cli({"run", c, "--json", dir.path("a.json"), "--quiet"}).code, 0);
-  std::string text = read(dir.path("a.json"));
+  std::string text = read_file(dir.path("a.json"));
   // An accepted report whose first check had a non-finite error, as gradscope writes it, and
   // as a report of an older version (null) did.
   for (const char* replacement : {"\"max_abs\": \"inf\"", "\"max_abs\": null"}) {

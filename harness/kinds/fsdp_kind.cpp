@@ -13,23 +13,15 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
-#include <chrono>
-
-#include "gradscope/fsdp_shards.h"
-#include "gradscope/quant_linear.h"
-#include "harness/checkpoint/checkpoint_reader.h"
 #include "harness/common/dtypes.h"
-#include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
 #include "harness/common/llama_projections.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/distributed/process_ranks.h"
-#include "harness/distributed/thread_ranks.h"
 #include "harness/kinds/fsdp_ranks.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/kinds/lora_testbed.h"
 #include "harness/verdict/compare.h"
-#include "reports/case_wire.h"
 
 namespace gradscope {
 namespace {
