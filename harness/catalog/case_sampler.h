@@ -28,8 +28,9 @@ struct SampleDraw {
   int64_t rejected = 0;  // draws the loader refused (a shape rule), redrawn
 };
 
-// The kinds the sampler draws: dequant, lora_w, qkv, mlp, layer, training, fsdp.
-const std::vector<std::string>& sampled_kinds();
+// The kinds the sampler draws: those that declare a draw (KindDecl::sample), in the registry's
+// order.
+std::vector<std::string> sampled_kinds();
 
 // Draws `count` valid cases. Case i draws from its own stream (seed, "sample.<i>.<attempt>"),
 // so a prefix of a longer draw is the shorter draw.

@@ -16,6 +16,7 @@
 
 namespace gradscope {
 
+class CaseDraw;
 class ProcessRanks;
 
 struct RunOptions {
@@ -89,6 +90,9 @@ struct KindDecl {
   // or 0: any one process runs it, and a suite spreads such cases over them.
   std::function<int64_t(const CaseSpec&)> processes_needed;
   std::function<std::unique_ptr<Testbed>(const CaseContext&)> testbed;
+  // Draws the kind's own fields of a random valid case (`gradscope sample`); unset: the
+  // sampler does not draw the kind.
+  std::function<void(CaseDraw&)> sample;
 };
 
 // Times one phase: wall time (on CUDA after a synchronize) and, when asked on CUDA, the peak
@@ -118,6 +122,8 @@ class CaseKind {
   const std::vector<std::string>& prod_ops() const { return decl_.prod_ops; }
   double host_bytes_at_least(const CaseSpec& spec) const;
   int64_t processes_needed(const CaseSpec& spec) const;
+  bool sampled() const { return static_cast<bool>(decl_.sample); }
+  void sample(CaseDraw& draw) const { decl_.sample(draw); }
   // Runs the case's phases and returns every check, paths prefixed by `id`.
   CaseResult run(const CaseSpec& spec, const std::string& id, const RunOptions& options) const;
 

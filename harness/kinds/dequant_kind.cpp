@@ -12,6 +12,7 @@
 #include "harness/generate/gptq_layer_gen.h"
 #include "harness/generate/seeded_streams.h"
 #include "harness/impl/impl_ops.h"
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/verdict/compare.h"
 #include "reference/gptq_reference.h"
@@ -281,6 +282,14 @@ KindDecl dequant_kind() {
     }
   };
   k.testbed = [](const CaseContext& c) { return std::make_unique<DequantTestbed>(c); };
+  k.sample = [](CaseDraw& d) {
+    const int64_t bits = field_draws::gptq(d);
+    d.set("in_features", field_draws::width(d, bits, 32, 512));
+    d.set("out_features", field_draws::width(d, bits, 32, 512));
+    d.set("storage", d.pick<std::string>({"int32", "int32", "fp32", "fp16", "bf16"}));
+    d.set("layout", d.chance(0.7) ? "in_out" : "out_in");
+    d.set("edge_codes", d.chance(0.7));
+  };
   return k;
 }
 

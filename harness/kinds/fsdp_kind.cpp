@@ -18,6 +18,7 @@
 #include "harness/common/llama_projections.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/distributed/process_ranks.h"
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/fsdp_ranks.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/kinds/lora_testbed.h"
@@ -236,6 +237,22 @@ KindDecl fsdp_kind() {
     validate_gptq_shape(s, inter, hidden, "intermediate", "hidden");
   };
   k.testbed = [](const CaseContext& c) { return std::make_unique<FsdpTestbed>(c); };
+  k.sample = [](CaseDraw& d) {
+    const int64_t world = d.pick<int64_t>({1, 2, 4});
+    d.set("world_size", world);
+    d.set("sharding", d.chance(0.5) ? "flat" : "per_param");
+    d.set("storage", d.pick<std::string>({"int32", "fp32", "bf16"}));
+    // Multiples of 32 for now: shards that need padding are not drawn (docs/coverage.md).
+    d.set("hidden", 32 * d.between(2, 8));
+    d.set("intermediate", 32 * d.between(2, 12));
+    d.set("rank", d.pick<int64_t>({4, 8, 16}));
+    d.set("alpha", d.pick<double>({8.0, 16.0, 32.0}));
+    d.set("adapter_dtype", d.chance(0.7) ? "fp32" : field_draws::float_dtype(d));
+    d.set("batch", 4);
+    d.set("seq", d.pick<int64_t>({4, 8, 16}));
+    d.set("profile", d.chance(0.5) ? "realistic" : "unit");
+    field_draws::gptq(d);
+  };
   return k;
 }
 

@@ -9,6 +9,7 @@
 #include "harness/baseline/aten_baseline.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/kinds/decoder_stack.h"
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "reference/layer_reference.h"
 
@@ -170,6 +171,13 @@ KindDecl layer_kind() {
   k.prod_ops = {"lora_qkv", "lora_w", "lora_mlp"};
   k.host_bytes_at_least = ds::stack_reference_bytes;
   k.testbed = [](const CaseContext& c) { return std::make_unique<LayerTestbed>(c); };
+  k.sample = [](CaseDraw& d) {
+    field_draws::decoder_shape(d, field_draws::gptq(d));
+    d.set("layers", d.pick<int64_t>({1, 1, 2}));
+    field_draws::lora(d, false, false, 96);
+    field_draws::positions(d);
+    field_draws::x_zeros(d);
+  };
   return k;
 }
 

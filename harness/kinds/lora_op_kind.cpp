@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "harness/baseline/aten_baseline.h"
+#include "harness/kinds/field_draws.h"
 
 namespace gradscope::lora_testbed {
 namespace {
@@ -45,11 +46,11 @@ class LoraOpTestbed final : public Testbed {
   void prod() override { run(Role::kProd, prod_); }
   void base() override { run(Role::kBase, base_); }
 
-  void ref() override { ref_ = decl_.ref(ref_args()); }
+  void ref() override { ref_ = decl_.ref ? decl_.ref(ref_args()) : linear_ref(); }
 
   void floor() override {
     noise_.emplace(precision(c_));
-    floor_ = decl_.floor(*noise_, ref_args(), ref_);
+    floor_ = decl_.floor ? decl_.floor(*noise_, ref_args(), ref_) : linear_floor();
   }
 
   void verify(CaseResult& out) override {
@@ -112,6 +113,55 @@ class LoraOpTestbed final : public Testbed {
   }
 
   RefArgs ref_args() const { return {x_.ref, projection_of_, output_grad_of_, dropout_of_}; }
+
+  // The default reference and floor: the kind is one LoRA linear, its output named after its
+  // projection, with the first dropout mask.
+  struct Linear {
+    std::string name;
+    const reference::Projection& p;
+    const reference::Dropout& drop;
+    const reference::Matrix& dy;
+  };
+  Linear linear() const {
+    if (shape_.projections.size() != 1 || shape_.outputs.size() != 1) {
+      throw std::logic_error(decl_.kind + ": more than one projection or output needs its own ref");
+    }
+    const auto& name = shape_.projections[0].name;
+    const RefArgs a = ref_args();
+    return {name, a.projection(name), a.dropout(shape_.dropouts.at(0).name),
+            a.output_grad(shape_.outputs[0].grad)};
+  }
+  struct LinearRef {
+    reference::Matrix y;
+    reference::ProjectionGrads g;
+  };
+  RefResult linear_ref() const {
+    const Linear l = linear();
+    RefResult r;
+    auto& v = r.own(LinearRef{reference::lora_forward(x_.ref, l.p, l.drop),
+                              reference::lora_backward(x_.ref, l.dy, l.p, l.drop)});
+    r.outputs = {{l.name, &v.y}};
+    r.dx = &v.g.dx;
+    r.grads = {{l.name, &v.g}};
+    return r;
+  }
+  struct LinearFloor {
+    reference::ProjectionForwardNoise y;
+    reference::ProjectionGradsNoise g;
+  };
+  FloorResult linear_floor() {
+    const Linear l = linear();
+    const auto& ref = ref_.as<LinearRef>();
+    const reference::Matrix exact;  // x and dy are inputs, not rounded intermediates
+    FloorResult f;
+    auto& v =
+        f.own(LinearFloor{noise_->lora_forward(x_.ref, exact, l.p, l.drop, ref.y, l.name), {}});
+    v.g = noise_->lora_backward(x_.ref, exact, l.dy, exact, l.p, l.drop, v.y, ref.g, l.name);
+    f.outputs = {{l.name, &v.y.y}};
+    f.dx = &v.g.dx;
+    f.grads = {{l.name, &v.g}};
+    return f;
+  }
 
   const LoraOpDecl& decl_;
   const CaseContext context_;
@@ -179,6 +229,10 @@ KindDecl lora_op_kind(LoraOpDecl op) {
   };
   k.testbed = [decl](const CaseContext& context) -> std::unique_ptr<Testbed> {
     return std::make_unique<LoraOpTestbed>(*decl, context);
+  };
+  k.sample = [decl](CaseDraw& d) {
+    decl->sample(d);
+    field_draws::x_zeros(d);
   };
   return k;
 }

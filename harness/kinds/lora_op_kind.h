@@ -99,8 +99,12 @@ struct LoraOpDecl {
   // Unset: each output is the unfused LoRA linear of x through the projection of its name,
   // with the first dropout.
   std::function<Named<at::Tensor>(const OpArgs&)> base;
+  // Unset (both): the kind is one LoRA linear, its output named after its one projection,
+  // with the first dropout.
   std::function<RefResult(const RefArgs&)> ref;
   std::function<FloorResult(reference::RoundingNoise&, const RefArgs&, const RefResult&)> floor;
+  // The kind's own fields of a sampled case (KindDecl::sample), before the exact zeros in x.
+  std::function<void(CaseDraw&)> sample;
 };
 
 KindDecl lora_op_kind(LoraOpDecl decl);

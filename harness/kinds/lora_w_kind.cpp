@@ -1,6 +1,7 @@
 // kind = "lora_w": one fused projection (o_proj) through LoRA_W.
 #include <ATen/ATen.h>
 
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/kinds/lora_op_kind.h"
 
@@ -34,38 +35,11 @@ KindDecl lora_w_kind() {
     return Named<at::Tensor>{
         {"o_proj", ops.lora_w(a.x, a.projection("o_proj"), a.lora, a.dropout("dropout.x"))}};
   };
-  struct Ref {
-    reference::Matrix y;
-    reference::ProjectionGrads g;
-  };
-  k.ref = [](const RefArgs& a) {
-    const auto& o = a.projection("o_proj");
-    const auto& drop = a.dropout("dropout.x");
-    RefResult r;
-    auto& v = r.own(Ref{reference::lora_forward(a.x, o, drop),
-                        reference::lora_backward(a.x, a.output_grad("dy"), o, drop)});
-    r.outputs = {{"o_proj", &v.y}};
-    r.dx = &v.g.dx;
-    r.grads = {{"o_proj", &v.g}};
-    return r;
-  };
-  struct Floor {
-    reference::ProjectionForwardNoise y;
-    reference::ProjectionGradsNoise g;
-  };
-  k.floor = [](reference::RoundingNoise& noise, const RefArgs& a, const RefResult& r) {
-    const auto& o = a.projection("o_proj");
-    const auto& drop = a.dropout("dropout.x");
-    const auto& ref = r.as<Ref>();
-    const reference::Matrix exact;
-    FloorResult f;
-    auto& v = f.own(Floor{noise.lora_forward(a.x, exact, o, drop, ref.y, "o_proj"), {}});
-    v.g =
-        noise.lora_backward(a.x, exact, a.output_grad("dy"), exact, o, drop, v.y, ref.g, "o_proj");
-    f.outputs = {{"o_proj", &v.y.y}};
-    f.dx = &v.g.dx;
-    f.grads = {{"o_proj", &v.g}};
-    return f;
+  k.sample = [](CaseDraw& d) {
+    const int64_t bits = field_draws::gptq(d);
+    d.set("in_features", field_draws::width(d, bits, 32, 512));
+    d.set("out_features", field_draws::width(d, bits, 32, 512));
+    field_draws::lora(d, true, true, 256);
   };
   return lora_op_kind(std::move(k));
 }

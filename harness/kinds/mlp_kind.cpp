@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/baseline/aten_baseline.h"
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/kinds/lora_op_kind.h"
 
@@ -72,6 +73,12 @@ KindDecl mlp_kind() {
     f.dx = &n.dx;
     f.grads = {{"gate_proj", &n.gate}, {"up_proj", &n.up}, {"down_proj", &n.down}};
     return f;
+  };
+  k.sample = [](CaseDraw& d) {
+    const int64_t bits = field_draws::gptq(d);
+    d.set("hidden", field_draws::width(d, bits, 64, 384));
+    d.set("intermediate", field_draws::width(d, bits, 64, 768));
+    field_draws::lora(d, true, true, 256);
   };
   return lora_op_kind(std::move(k));
 }

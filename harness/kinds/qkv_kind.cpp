@@ -2,6 +2,7 @@
 // under grouped-query attention).
 #include <ATen/ATen.h>
 
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/kinds/lora_op_kind.h"
 
@@ -80,6 +81,18 @@ KindDecl qkv_kind() {
     f.dx = &n.dx;
     f.grads = {{"q_proj", &n.gq}, {"k_proj", &n.gk}, {"v_proj", &n.gv}};
     return f;
+  };
+  k.sample = [](CaseDraw& d) {
+    const int64_t bits = field_draws::gptq(d);
+    const int64_t step = bits == 3 ? 32 : 32 / bits;
+    // head_dim a multiple of the step, so that k_proj's kv_heads * head_dim packs.
+    const int64_t head_dim = d.chance(0.5) ? step * d.pick<int64_t>({1, 3, 5})
+                                           : std::max(step, d.pick<int64_t>({16, 32, 64}));
+    const int64_t heads = d.pick<int64_t>({2, 3, 4, 8});
+    d.set("hidden", head_dim * heads);
+    d.set("heads", heads);
+    d.set("kv_heads", d.chance(0.5) ? heads : d.pick<int64_t>({1, 2}));
+    field_draws::lora(d, true, true, 256);
   };
   return lora_op_kind(std::move(k));
 }

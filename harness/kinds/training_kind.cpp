@@ -18,6 +18,7 @@
 #include "harness/common/tensor_bridge.h"
 #include "harness/generate/seeded_streams.h"
 #include "harness/kinds/causal_lm_training.h"
+#include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
 #include "harness/verdict/compare.h"
 
@@ -222,6 +223,15 @@ KindDecl training_kind() {
     }
   };
   k.testbed = [](const CaseContext& c) { return std::make_unique<TrainingTestbed>(c); };
+  k.sample = [](CaseDraw& d) {
+    field_draws::decoder_shape(d, field_draws::gptq(d));
+    d.set("layers", 1);
+    d.set("vocab", d.pick<int64_t>({16, 32, 64}));
+    d.set("steps", d.between(2, 4));
+    d.set("lr", d.pick<double>({1e-3, 5e-3}));
+    field_draws::lora(d, false, false, 48);
+    field_draws::positions(d);
+  };
   return k;
 }
 
