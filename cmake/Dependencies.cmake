@@ -17,6 +17,12 @@ endif()
 find_package(Torch REQUIRED)
 # torch's config appends its flags to CMAKE_CXX_FLAGS; targets use TORCH_LIBRARIES.
 message(STATUS "gradscope: torch ${Torch_VERSION} from ${Torch_DIR}")
+# LibTorch as one target. OpenMP with it: ATen's at::parallel_for is an inline template that
+# runs its loop in parallel only where the including code is compiled with -fopenmp
+# (ParallelOpenMP.h checks _OPENMP).
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+add_library(gradscope_torch INTERFACE)
+target_link_libraries(gradscope_torch INTERFACE ${TORCH_LIBRARIES} OpenMP::OpenMP_CXX)
 
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(HDF5 REQUIRED COMPONENTS C)

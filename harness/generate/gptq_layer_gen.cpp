@@ -96,4 +96,23 @@ QuantizeOptions quantize_options(int bits, int group_size, bool sym, bool desc_a
   return options;
 }
 
+void plant_edge_values(QuantizedWeight& q, const GptqGenSpec& spec) {
+  const int64_t K = q.codes.size(0), N = q.codes.size(1);
+  const int maxq = max_code(spec.bits);
+  const int high_bit = 1 << (spec.bits - 1);
+  const int patterns[4] = {maxq, 0, high_bit, maxq ^ high_bit};
+  auto codes = q.codes.accessor<int32_t, 2>();
+  for (int64_t row : {int64_t{10}, int64_t{21}}) {
+    if (row >= K) continue;
+    for (int64_t n = 0; n < N; ++n) codes[row][n] = patterns[(n + row) % 4];
+  }
+  // v1 stores zero - 1, so its extremes are zero 1 (field 0) and maxq + 1 (field maxq).
+  const int lowest = spec.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
+  auto zeros = q.zeros.accessor<int32_t, 2>();
+  for (int64_t n = 0; n < N; n += 4) {
+    zeros[0][n] = lowest;
+    if (n + 1 < N) zeros[0][n + 1] = lowest + maxq;
+  }
+}
+
 }  // namespace gradscope

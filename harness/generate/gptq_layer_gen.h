@@ -41,6 +41,12 @@ QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options);
 
+// Overwrites a quantized layer's codes and zero points with the values that break careless
+// decoders: codes 0 and maxq, a code with only its high bit or only its low bits set at rows
+// 10 and 21 (where 3-bit codes straddle two words), and the extreme storable zero points of
+// the spec's convention.
+void plant_edge_values(QuantizedWeight& q, const GptqGenSpec& spec);
+
 // Quantizer settings for a layer stored in `format`: v1 asks for zeros >= 1 (it cannot
 // store a zero of 0).
 QuantizeOptions quantize_options(int bits, int group_size, bool sym, bool desc_act,

@@ -44,28 +44,6 @@ struct DequantCase {
         device(s.get_string("device")) {}
 };
 
-// Overwrites codes and zero points with the values that break careless decoders:
-// codes 0 and maxq, a code with only its high bit or only its low bits set at
-// rows 10 and 21 (where 3-bit codes straddle two words), and the extreme
-// storable zero points of the case's convention.
-void plant_edge_values(QuantizedWeight& q, const DequantCase& c) {
-  const int maxq = max_code(c.gptq.bits);
-  const int high_bit = 1 << (c.gptq.bits - 1);
-  const int patterns[4] = {maxq, 0, high_bit, maxq ^ high_bit};
-  auto codes = q.codes.accessor<int32_t, 2>();
-  for (int64_t row : {int64_t{10}, int64_t{21}}) {
-    if (row >= c.in_features) continue;
-    for (int64_t n = 0; n < c.out_features; ++n) codes[row][n] = patterns[(n + row) % 4];
-  }
-  // v1 stores zero - 1, so its extremes are zero 1 (field 0) and maxq + 1 (field maxq).
-  const int lowest = c.gptq.format == ZeroPointFormat::kGptqV1 ? 1 : 0;
-  auto zeros = q.zeros.accessor<int32_t, 2>();
-  for (int64_t n = 0; n < c.out_features; n += 4) {
-    zeros[0][n] = lowest;
-    if (n + 1 < c.out_features) zeros[0][n + 1] = lowest + maxq;
-  }
-}
-
 // v1 -> v2 -> v1 (or v2 -> v1 -> v2) returns the words, or the first conversion
 // refuses a zero point the other convention cannot store.
 report::Check check_zero_point_roundtrip(const std::string& p, const GptqWeight& packed,
@@ -119,7 +97,7 @@ class DequantTestbed final : public Testbed {
                               "\": the contract hands packed words over as int32");
     }
     q_ = quantize_seeded_layer(c_.seed, "", c_.in_features, c_.out_features, c_.gptq);
-    if (c_.edge_codes) plant_edge_values(q_, c_);
+    if (c_.edge_codes) plant_edge_values(q_, c_.gptq);
     packed_ = pack_gptq(q_, c_.gptq.bits, c_.gptq.format, c_.gptq.scales_dtype);
   }
 
@@ -162,26 +140,14 @@ class DequantTestbed final : public Testbed {
 
 void DequantTestbed::verify(CaseResult& out) {
   const auto& c = c_;
-  const auto& q = q_;
-  const auto& packed = packed_;
-  const auto& ref_layer = ref_layer_;
-  const auto& ref_codes = ref_codes_;
-  const auto& ref_zeros = ref_zeros_;
   const int64_t K = c.in_features, N = c.out_features;
-  const bool own_impl = own_impl_;
-  const auto& s = context_.spec;
-  const auto& id = context_.id;
-  const auto& options = context_.options;
-  const auto& prod_weight = prod_weight_;
-  const auto& ref_weight = ref_weight_;
-  const auto device = device_;
   const auto describe = [&, transposed = c.layout ==
                                          DequantLayout::kOutIn](const std::vector<int64_t>& idx) {
     const int64_t k = transposed ? idx[1] : idx[0], n = transposed ? idx[0] : idx[1];
-    const int64_t grp = ref_layer.g_idx[k];
+    const int64_t grp = ref_layer_.g_idx[k];
     std::ostringstream d;
-    d << "k " << k << ", n " << n << ", code " << ref_codes(k, n) << ", zero " << ref_zeros(grp, n)
-      << ", group " << grp << ", scale " << ref_layer.scales[grp * N + n];
+    d << "k " << k << ", n " << n << ", code " << ref_codes_(k, n) << ", zero "
+      << ref_zeros_(grp, n) << ", group " << grp << ", scale " << ref_layer_.scales[grp * N + n];
     return d.str();
   };
   const auto describe_zero = [&](const std::vector<int64_t>& idx) {
@@ -190,38 +156,39 @@ void DequantTestbed::verify(CaseResult& out) {
     return d.str();
   };
 
-  const std::string p = id + "/gptq/";
-  const bool keep = options.keep_tensors;
+  const std::string p = context_.id + "/gptq/";
+  const bool keep = context_.options.keep_tensors;
   std::vector<report::Check> checks;
   checks.push_back(compare_exact(p + "codes",
-                                 "quantizer codes vs reference decode of packed qweight", q.codes,
-                                 bridge::to_tensor(ref_codes), describe, keep));
+                                 "quantizer codes vs reference decode of packed qweight", q_.codes,
+                                 bridge::to_tensor(ref_codes_), describe, keep));
   checks.push_back(compare_exact(p + "zeros", "quantizer zeros vs reference decode of qzeros",
-                                 q.zeros, bridge::to_tensor(ref_zeros), describe_zero, keep));
+                                 q_.zeros, bridge::to_tensor(ref_zeros_), describe_zero, keep));
   // gradscope's own unpacking and zero-point decoding; another implementation is judged by
   // the weight it dequantizes.
-  if (own_impl) {
-    const auto prod_codes = unpack_rows(packed.qweight, c.gptq.bits, K);
-    const auto prod_zeros = decode_zero_points(packed.qzeros, c.gptq.bits, N, c.gptq.format);
+  if (own_impl_) {
+    const auto prod_codes = unpack_rows(packed_.qweight, c.gptq.bits, K);
+    const auto prod_zeros = decode_zero_points(packed_.qzeros, c.gptq.bits, N, c.gptq.format);
     checks.push_back(compare_exact(p + "unpacked_codes", "prod unpack vs reference decode",
-                                   prod_codes, bridge::to_tensor(ref_codes), describe, keep));
+                                   prod_codes, bridge::to_tensor(ref_codes_), describe, keep));
     checks.push_back(compare_exact(p + "codes_roundtrip",
                                    "quantize -> pack -> unpack vs quantizer codes", prod_codes,
-                                   q.codes.to(at::kLong), describe, keep));
+                                   q_.codes.to(at::kLong), describe, keep));
     checks.push_back(compare_exact(p + "decoded_zeros", "prod zero decode vs reference decode",
-                                   prod_zeros, bridge::to_tensor(ref_zeros), describe_zero, keep));
+                                   prod_zeros, bridge::to_tensor(ref_zeros_), describe_zero, keep));
   }
-  const auto ref_in_layout = c.layout == DequantLayout::kOutIn ? ref_weight.t() : ref_weight;
-  checks.push_back(compare_exact(
-      p + "weight",
-      "prod dequant (" + c.device + ") vs fp64 reference rounded once to " + s.get_string("dtype"),
-      prod_weight, ref_in_layout, describe, keep, Expected{c.dtype, device}));
-  if (own_impl) checks.push_back(check_zero_point_roundtrip(p, packed, q, c));
+  const auto ref_in_layout = c.layout == DequantLayout::kOutIn ? ref_weight_.t() : ref_weight_;
+  checks.push_back(
+      compare_exact(p + "weight",
+                    "prod dequant (" + c.device + ") vs fp64 reference rounded once to " +
+                        context_.spec.get_string("dtype"),
+                    prod_weight_, ref_in_layout, describe, keep, Expected{c.dtype, device_}));
+  if (own_impl_) checks.push_back(check_zero_point_roundtrip(p, packed_, q_, c));
   out.checks = std::move(checks);
   if (keep) {
     for (const auto& [name, t] :
-         {std::pair{"qweight", packed.qweight}, std::pair{"qzeros", packed.qzeros},
-          std::pair{"scales", packed.scales}, std::pair{"g_idx", packed.g_idx}}) {
+         {std::pair{"qweight", packed_.qweight}, std::pair{"qzeros", packed_.qzeros},
+          std::pair{"scales", packed_.scales}, std::pair{"g_idx", packed_.g_idx}}) {
       out.inputs.emplace_back(name, bridge::to_tensor_data(t));
     }
   }
