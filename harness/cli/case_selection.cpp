@@ -70,13 +70,20 @@ std::vector<SelectedCase> select_cases(const CaseSelection& sel) {
     if (!sel.dtype.empty()) override_field(spec, "dtype", sel.dtype, "--dtype");
     if (sel.seed >= 0) override_field(spec, "seed", std::to_string(sel.seed), "--seed");
     std::string id = find_kind(spec.kind)->case_id(spec);
-    if (!sel.filter.empty() && fnmatch(sel.filter.c_str(), id.c_str(), 0) != 0) continue;
+    if (!sel.filters.empty() &&
+        std::none_of(sel.filters.begin(), sel.filters.end(), [&](const std::string& glob) {
+          return fnmatch(glob.c_str(), id.c_str(), 0) == 0;
+        })) {
+      continue;
+    }
     if (!seen.insert(id).second) continue;  // an override can make two cases identical
     selected.push_back({std::move(spec), std::move(id)});
   }
   if (selected.empty()) {
-    throw InputError(sel.filter.empty() ? "no cases selected"
-                                        : "no case id matches --filter '" + sel.filter + "'");
+    std::string globs;
+    for (const auto& glob : sel.filters) globs += (globs.empty() ? "'" : " or '") + glob + "'";
+    throw InputError(sel.filters.empty() ? "no cases selected"
+                                         : "no case id matches --filter " + globs);
   }
   return selected;
 }

@@ -15,7 +15,7 @@ namespace gradscope {
 struct CaseSelection {
   std::vector<std::string> files;
   std::string suite;
-  std::string filter;
+  std::vector<std::string> filters;  // --filter globs: a case is selected when one matches
   std::string cases_dir;
   std::string device, dtype;
   int64_t seed = -1;

@@ -103,7 +103,10 @@ void add_selection_options(CLI::App* cmd, CaseSelection& sel) {
   cmd->add_option("cases", sel.files, "case files (TOML)");
   cmd->add_option("--suite", sel.suite, "suite name: the folder cases/NAME (default smoke)")
       ->check(kNonEmpty);
-  cmd->add_option("--filter", sel.filter, "only case ids matching this glob")->check(kNonEmpty);
+  // One glob per --filter (repeat it for more), so a case file after it stays a case file.
+  cmd->add_option("--filter", sel.filters, "only case ids matching this glob (repeatable: any)")
+      ->check(kNonEmpty)
+      ->allow_extra_args(false);
   cmd->add_option(
       "--cases-dir", sel.cases_dir,
       "folder holding the suites (default $GRADSCOPE_CASES_DIR or the source tree's cases/)");
@@ -174,6 +177,12 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--ops-library", a.o.impl.libraries,
                   "load this shared library first (it registers the --impl namespace)")
       ->check(kNonEmpty);
+  run->add_option(
+         "--import", a.o.impl.imports,
+         "a Python module that registers the --impl namespace (imported by python3 -m gradscope; "
+         "named in the replay line)")
+      ->check(kNonEmpty)
+      ->allow_extra_args(false);
   return run;
 }
 
@@ -266,6 +275,13 @@ CLI::App* add_sample(CLI::App& app, SampleArgs& a) {
       ->add_option("--ops-library", a.o.impl.libraries,
                    "load this shared library first (it registers the --impl namespace)")
       ->check(kNonEmpty);
+  sample
+      ->add_option(
+          "--import", a.o.impl.imports,
+          "a Python module that registers the --impl namespace (imported by python3 -m gradscope; "
+          "named in the replay line)")
+      ->check(kNonEmpty)
+      ->allow_extra_args(false);
   return sample;
 }
 
@@ -322,9 +338,7 @@ int command_export(const ExportArgs& a) {
   return command_export(std::cout, ex);
 }
 
-}  // namespace
-
-int run_cli(int argc, const char* const* argv) {
+int run_cli_as(int argc, const char* const* argv, const CliHost& host) {
   CLI::App app{"gradscope: proves quantized-LoRA training kernels compute the right gradients"};
   app.require_subcommand(1);
   RunArgs run_args;
@@ -362,7 +376,15 @@ int run_cli(int argc, const char* const* argv) {
     }
   }
   if (const auto code = parse_command_line(app, argc, argv, "gradscope")) return *code;
-  const std::string program = argc > 0 ? argv[0] : "gradscope";
+  const std::string& program = host.program;
+  for (const auto* imports : {&run_args.o.impl.imports, &sample_args.o.impl.imports}) {
+    if (!imports->empty() && !host.imports_modules) {
+      std::cerr << "gradscope: error: --import " << imports->front()
+                << ": importing a Python module needs the Python package: python3 -m gradscope "
+                << argv[1] << " ... --import " << imports->front() << '\n';
+      return 2;
+    }
+  }
   try {
     if (run->parsed()) return command_run(run_args.sel, run_args.o, program);
     if (sample->parsed()) {
@@ -397,10 +419,16 @@ int run_cli(int argc, const char* const* argv) {
   }
 }
 
-int run_cli(const std::vector<std::string>& args) {
-  std::vector<const char*> argv{"gradscope"};
+}  // namespace
+
+int run_cli(int argc, const char* const* argv) {
+  return run_cli_as(argc, argv, CliHost{argc > 0 ? argv[0] : "gradscope", false});
+}
+
+int run_cli(const std::vector<std::string>& args, const CliHost& host) {
+  std::vector<const char*> argv{host.program.c_str()};
   for (const auto& a : args) argv.push_back(a.c_str());
-  return run_cli(static_cast<int>(argv.size()), argv.data());
+  return run_cli_as(static_cast<int>(argv.size()), argv.data(), host);
 }
 
 }  // namespace gradscope

@@ -7,8 +7,15 @@
 
 namespace gradscope {
 
+// Who runs the command line: the program a replay line starts with, and whether it is the
+// Python package, which imports --import's modules itself before calling in.
+struct CliHost {
+  std::string program = "gradscope";
+  bool imports_modules = false;
+};
+
 int run_cli(int argc, const char* const* argv);
-// Convenience for tests: args without the program name.
-int run_cli(const std::vector<std::string>& args);
+// args without the program name (tests, the Python package).
+int run_cli(const std::vector<std::string>& args, const CliHost& host = {});
 
 }  // namespace gradscope

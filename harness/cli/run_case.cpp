@@ -35,6 +35,7 @@ std::string replay_line(const SelectedCase& sc, const std::string& program,
                        std::to_string(sc.spec.get_int("seed"));
   if (options.impl != "gradscope") replay += " --impl " + shell_quote(options.impl);
   for (const auto& lib : options.ops_libraries) replay += " --ops-library " + shell_quote(lib);
+  for (const auto& mod : options.imports) replay += " --import " + shell_quote(mod);
   return replay;
 }
 

@@ -134,7 +134,7 @@ bool prepare_run(const std::vector<SelectedCase>& selected, const ReportOptions&
     }
     ops.insert(kind_ops.begin(), kind_ops.end());
   }
-  impl::require_ops(o.impl.ns, {ops.begin(), ops.end()});
+  impl::require_ops(o.impl, {ops.begin(), ops.end()});
   return any_cuda;
 }
 
@@ -198,6 +198,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   options.keep_tensors = !o.dump.empty();
   options.impl = o.impl.ns;
   options.ops_libraries = o.impl.libraries;
+  options.imports = o.impl.imports;
   options.ranks = ranks;
   // The dump is written case by case, each case's tensors dropped once they are in the file.
   std::optional<report::DumpWriter> dump;

@@ -24,6 +24,7 @@ struct RunOptions {
   // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
   std::string impl = "gradscope";
   std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
+  std::vector<std::string> imports;        // imported for it (--import), for the replay line
   // Under torchrun: this process's rank among the launched processes; a collective case (kind
   // fsdp) runs its part of the case here, and its group's keys begin with case_key.
   ProcessRanks* ranks = nullptr;

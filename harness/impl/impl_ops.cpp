@@ -214,10 +214,33 @@ void load_libraries(const std::vector<std::string>& paths) {
   }
 }
 
-void require_ops(const std::string& ns, const std::vector<std::string>& ops) {
+// What could have registered `impl.ns`, for a missing operator's message.
+std::string registration_hint(const ImplChoice& impl) {
+  if (impl.is_default()) return "";
+  std::string given;
+  for (const auto& lib : impl.libraries) given += " --ops-library " + lib;
+  for (const auto& mod : impl.imports) given += " --import " + mod;
+  if (given.empty()) {
+    return "\n  nothing was loaded to register '" + impl.ns +
+           "': give the shared library that registers it (--ops-library FILE) or, through "
+           "the Python package, the module that does (python3 -m gradscope run ... --import "
+           "MODULE)";
+  }
+  return "\n  loaded:" + given + "; none of them registers this operator in namespace '" + impl.ns +
+         "' (a misspelt namespace, or a registration that failed at import)";
+}
+
+void require_ops(const ImplChoice& impl, const std::vector<std::string>& ops) {
   if (!op_registration_linked()) throw std::logic_error("gradscope's operators are not linked");
+  const std::string& ns = impl.ns;
   for (const auto& name : ops) {
-    const auto op = find(ns, name);
+    c10::OperatorHandle op = [&] {
+      try {
+        return find(ns, name);
+      } catch (const InputError& e) {
+        throw InputError(e.what() + registration_hint(impl));
+      }
+    }();
     const auto expected = torch::jit::parseSchema(op_schema(name).schema);
     const auto& actual = op.schema();
     if (!same_types(actual.arguments(), expected.arguments()) ||

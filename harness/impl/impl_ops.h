@@ -23,6 +23,9 @@ const OpSchema& op_schema(const std::string& name);
 struct ImplChoice {
   std::string ns = "gradscope";
   std::vector<std::string> libraries;  // --ops-library, in order
+  // --import: Python modules the Python package imported to register it (python3 -m
+  // gradscope), named in the replay line and in a missing operator's message.
+  std::vector<std::string> imports;
   bool is_default() const { return ns == "gradscope"; }
 };
 
@@ -33,7 +36,8 @@ void load_libraries(const std::vector<std::string>& paths);
 // Throws InputError unless `ns` registers every operator in `ops` with the contract's schema
 // (argument and return types in order; names and defaults are not compared): a missing
 // operator names itself and its schema, a different one shows both.
-void require_ops(const std::string& ns, const std::vector<std::string>& ops);
+// A missing operator also says what was loaded or imported to register `ns`, or that nothing was.
+void require_ops(const ImplChoice& impl, const std::vector<std::string>& ops);
 
 // Runs after every case: lets an embedding interpreter drop what an implementation's failure
 // left behind. torch's autograd engine, when a Python backward node raises, puts the Python

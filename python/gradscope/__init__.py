@@ -25,7 +25,7 @@ except OSError:
 import torch  # noqa: E402,F401  (loads libtorch before the extension that links it)
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
-from .api import Case, Check, GradscopeInputError, check, define_ops, main
+from .api import Case, Check, GradscopeInputError, check, define_ops, list_cases, main
 
 __all__ = [
     "Case",
@@ -36,5 +36,6 @@ __all__ = [
     "OP_SCHEMA_VERSION",
     "check",
     "define_ops",
+    "list_cases",
     "main",
 ]

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Union
 
 from . import _gradscope
 
@@ -90,6 +90,11 @@ def _run(args: Sequence[str]) -> int:
     return _gradscope.run_cli(list(args))
 
 
+# The commands that take --import: they run an implementation and print replay lines naming
+# its modules. Elsewhere --import only imports.
+_COMMANDS_NAMING_IMPORTS = ("run", "sample")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m gradscope ARGS`: the gradscope command line, plus --import MODULE."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -99,7 +104,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GradscopeInputError as e:
         print(f"gradscope: {e}", file=sys.stderr)
         return 2
+    if rest and rest[0] in _COMMANDS_NAMING_IMPORTS:
+        for name in imports:
+            rest += ["--import", name]
     return _run(rest)
+
+
+def _filters(filter: Union[None, str, Sequence[str]]) -> List[str]:
+    if filter is None:
+        return []
+    return [filter] if isinstance(filter, str) else [str(f) for f in filter]
 
 
 class _CapturedFd:
@@ -135,7 +149,7 @@ def check(
     impl: str = "gradscope",
     imports: Iterable[str] = (),
     ops_libraries: Iterable[str] = (),
-    filter: Optional[str] = None,
+    filter: Union[None, str, Sequence[str]] = None,
     device: Optional[str] = None,
     dtype: Optional[str] = None,
     seed: Optional[int] = None,
@@ -146,21 +160,28 @@ def check(
 ) -> List[Case]:
     """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
 
+    `filter` is a glob or a list of globs (a case is selected when one matches its id).
     Raises GradscopeInputError when the run cannot judge its cases (exit 2: bad input, or
     `impl` declined every case, unless allow_unsupported) and, unless raise_on_failure is
     False, AssertionError listing every failing check with its message and the command that
     replays the case.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the message, not ours
     if isinstance(cases, str):
         cases = [cases]
+    imports = list(imports)
     _import_all(imports)
     with tempfile.TemporaryDirectory(prefix="gradscope-check-") as scratch:
         report = json_path or os.path.join(scratch, "report.json")
         args = ["run", *cases, "--quiet", "--json", report, "--impl", impl]
         for lib in ops_libraries:
             args += ["--ops-library", lib]
-        for flag, value in (("--suite", suite), ("--filter", filter), ("--device", device),
-                            ("--dtype", dtype), ("--seed", seed)):
+        for name in imports:
+            args += ["--import", name]
+        for glob in _filters(filter):
+            args += ["--filter", glob]
+        for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
+                            ("--seed", seed)):
             if value is not None:
                 args += [flag, str(value)]
         if allow_unsupported:
@@ -196,3 +217,32 @@ def check(
             lines.append(f"  replay: {c.replay}")
         raise AssertionError("\n".join(lines))
     return result
+
+
+def list_cases(
+    cases: Sequence[str] = (),
+    *,
+    suite: Optional[str] = None,
+    filter: Union[None, str, Sequence[str]] = None,
+    device: Optional[str] = None,
+    dtype: Optional[str] = None,
+    seed: Optional[int] = None,
+) -> List[str]:
+    """The ids of the selected cases (files, or a suite), in the order `check` runs them.
+
+    Raises GradscopeInputError for a selection gradscope refuses (a bad file, no match)."""
+    __tracebackhide__ = True
+    if isinstance(cases, str):
+        cases = [cases]
+    args = ["list", *cases]
+    for glob in _filters(filter):
+        args += ["--filter", glob]
+    for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
+                        ("--seed", seed)):
+        if value is not None:
+            args += [flag, str(value)]
+    with _CapturedFd() as captured:
+        code = _run(args)
+    if code != 0:
+        raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
+    return [line for line in captured.out.splitlines() if line.strip()]

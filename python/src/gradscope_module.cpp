@@ -24,13 +24,16 @@ PYBIND11_MODULE(_gradscope, m) {
   });
   m.def(
       "run_cli",
-      [](const std::vector<std::string>& args) {
+      [](const std::vector<std::string>& args, const std::string& program) {
         // Without the GIL: operators written in Python take it when the dispatcher calls
         // them, and autograd's device threads take it for Python backward nodes.
         py::gil_scoped_release release;
-        return gradscope::run_cli(args);
+        // The package imports --import's modules before calling in; the C++ side names them.
+        return gradscope::run_cli(args, gradscope::CliHost{program, true});
       },
-      py::arg("args"), "runs `gradscope ARGS...` in this process and returns its exit code");
+      py::arg("args"), py::arg("program") = "python3 -m gradscope",
+      "runs `gradscope ARGS...` in this process and returns its exit code; `program` starts "
+      "the replay lines it prints");
   py::dict schemas;
   for (const auto& op : gradscope::kOpSchemas) schemas[op.name] = op.schema;
   m.attr("OP_SCHEMAS") = schemas;

@@ -67,6 +67,12 @@ def main(cases_dir):
     for tensor in ("output", "lora_A.grad", "lora_B.grad"):
         assert f"o_proj/{tensor}: |prod - ref|" in out, (tensor, out)
     assert "--impl 'plain_py_unscaled'" in out, out
+    # The replay line is a command that runs: the package's entry and the module to import.
+    replay = [line.split("replay: ", 1)[1] for line in out.splitlines() if "replay: " in line]
+    assert replay and all(r.startswith("python3 -m gradscope run ") for r in replay), out
+    assert all(r.endswith("--import 'plain_torch_impl'") for r in replay), replay
+    again = subprocess.run(replay[0], shell=True, capture_output=True, text=True)
+    assert again.returncode == 1 and "1 failed" in again.stdout, (replay[0], again)
 
     code, out = run_cli("run", lora_w, "--impl", "plain_py", "--import", "no_such_module_here")
     assert code == 2, out
@@ -96,6 +102,25 @@ def main(cases_dir):
         raise RuntimeError("an unknown namespace was accepted")
     except gradscope.GradscopeInputError as e:
         assert "has no operator nobody::lora_w" in str(e), e
+        assert "nothing was loaded to register 'nobody'" in str(e), e
+        assert "--import MODULE" in str(e), e
+    try:
+        gradscope.check(lora_w, impl="plain_pi", imports=["plain_torch_impl"])
+        raise RuntimeError("a misspelt namespace was accepted")
+    except gradscope.GradscopeInputError as e:
+        assert "loaded: --import plain_torch_impl; none of them registers" in str(e), e
+
+    # Several globs: a case is selected when one matches; the ids come back in run order.
+    globs = ["*bf16*r16*", "*fp32*r8*"]
+    ids = gradscope.list_cases(lora_w, filter=globs)
+    assert len(ids) == 8 and all(".bf16." in i or ".fp32." in i for i in ids), ids
+    judged = gradscope.check(lora_w, impl="plain_py", imports=["plain_torch_impl"], filter=globs)
+    assert [c.id for c in judged] == ids, (judged, ids)
+    try:
+        gradscope.list_cases(lora_w, filter=["nothing*", "none*"])
+        raise RuntimeError("a filter matching nothing was accepted")
+    except gradscope.GradscopeInputError as e:
+        assert "no case id matches --filter 'nothing*' or 'none*'" in str(e), e
 
     cases = gradscope.check(lora_w, impl="raises_in_backward", raise_on_failure=False)
     fp16 = [c for c in cases if ".fp16." in c.id]

@@ -61,6 +61,14 @@ def check_imports(tmp, lora_w):
             raise AssertionError(f"check(imports=[{name!r}]) returned")
 
 
+def check_import_needs_python(gradscope_bin, lora_w):
+    """The C++ program cannot import a Python module: it says which command can."""
+    code, out = run([gradscope_bin, "run", lora_w, "--impl", "x", "--import", "mymod"])
+    assert code == 2, (code, out)
+    assert "--import mymod: importing a Python module needs the Python package: " \
+        "python3 -m gradscope run ... --import mymod" in out, out
+
+
 def check_namespace_twice(ops_library, lora_w):
     code, out = run([sys.executable, "-m", "gradscope", "run", lora_w, "--ops-library",
                      ops_library])
@@ -129,6 +137,7 @@ def main(gradscope_bin, ops_library, cases_dir):
     lora_w = os.path.join(cases_dir, "smoke", "lora_w.toml")
     with tempfile.TemporaryDirectory(prefix="gradscope-refusals-") as tmp:
         check_imports(tmp, lora_w)
+        check_import_needs_python(gradscope_bin, lora_w)
         check_namespace_twice(ops_library, lora_w)
         check_sigpipe(gradscope_bin, lora_w, tmp)
         check_partial_folder(gradscope_bin, tmp)
