@@ -26,6 +26,8 @@ import torch  # noqa: E402,F401  (loads libtorch before the extension that links
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
 from .api import Case, Check, GradscopeInputError, check, define_ops, list_cases, main
+from .check_module import ModuleRefused, check_module
+from .quant_linear import QuantLinear
 
 __all__ = [
     "Case",
@@ -34,7 +36,10 @@ __all__ = [
     "FAULT_SWITCHES",
     "OP_SCHEMAS",
     "OP_SCHEMA_VERSION",
+    "ModuleRefused",
+    "QuantLinear",
     "check",
+    "check_module",
     "define_ops",
     "list_cases",
     "main",

@@ -21,6 +21,7 @@ class Check:
     message: str  # the failure message; empty when it passed
     max_abs: Optional[float]  # worst |prod - ref|
     limit: Optional[float]  # what the rule allowed there
+    name: str = ""  # check_module: the module's own path of the tensor (lora_A.default.weight.grad)
 
     @property
     def passed(self) -> bool:

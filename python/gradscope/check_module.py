@@ -1,0 +1,286 @@
+"""check_module: an nn.Module as the user has it, judged by gradscope's rule (docs/python.md).
+
+The module is read for its configuration (shapes, GPTQ bits and groups, LoRA rank, alpha,
+rsLoRA, dropout, bias, adapter dtype) by the names peft and GPTQ QuantLinears use; gradscope
+writes the case of that configuration, registers the module as the implementation under test
+of the kind's operator in a namespace of its own, and runs the case: the seeded inputs go into
+the module's own parameters and buffers by name (torch.func.functional_call), the case's
+dropout mask replaces the module's dropout draw, and the module's own forward runs, its own
+dequantization included. The fp64 reference and the baseline are gradscope's. Checks come back
+named by the module's own parameter paths.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import api
+from .adapters._case_dropout import MaskDropout
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_BASE_BUFFERS = ("qweight", "qzeros", "scales", "g_idx")
+_namespaces = itertools.count()
+
+
+class ModuleRefused(api.GradscopeInputError):
+    """The module has a feature gradscope's reference does not model, or is not one it reads."""
+
+
+def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[dict]:
+    """The configuration of a LoRA linear over a GPTQ base (peft's LoraLayer names), or None."""
+    base = getattr(module, "base_layer", None)
+    lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
+    if base is None or lora_a is None or lora_b is None:
+        return None
+    if adapter not in lora_a:
+        raise ModuleRefused(f"{path or 'module'}: no LoRA adapter named {adapter!r} "
+                            f"(it has {sorted(lora_a.keys())})")
+    missing = [b for b in _BASE_BUFFERS if getattr(base, b, None) is None]
+    if missing:
+        raise ModuleRefused(f"{path or 'module'}.base_layer ({type(base).__name__}): not a GPTQ "
+                            f"QuantLinear, it has no {', '.join(missing)}")
+    k, n = base.g_idx.shape[0], base.scales.shape[1]
+    groups = base.scales.shape[0]
+    g_idx = base.g_idx.long().cpu()
+    desc_act = bool(getattr(base, "desc_act", False)) or bool((g_idx[1:] < g_idx[:-1]).any())
+    group_size = getattr(base, "group_size", None) or (-1 if groups == 1 else k // groups)
+    dropout = module.lora_dropout[adapter] if hasattr(module, "lora_dropout") else None
+    p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
+    if dropout is not None and not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
+        raise ModuleRefused(f"{path}.lora_dropout.{adapter}: {type(dropout).__name__} is neither "
+                            "nn.Dropout nor nn.Identity: gradscope models dropout only")
+    r = module.r[adapter] if isinstance(getattr(module, "r", None), dict) else lora_a[adapter].out_features
+    alpha = module.lora_alpha[adapter] if isinstance(getattr(module, "lora_alpha", None), dict) \
+        else r
+    rslora = bool(module.use_rslora[adapter]) if isinstance(getattr(module, "use_rslora", None),
+                                                            dict) else False
+    if getattr(lora_b[adapter], "bias", None) is not None:
+        raise ModuleRefused(f"{path}.lora_B.{adapter}: a bias on lora_B is not in gradscope's "
+                            "LoRA (docs/lora-math.md)")
+    return {
+        "module": module, "path": path, "in": k, "out": n, "bits": int(base.bits),
+        "group_size": int(group_size), "desc_act": desc_act, "rank": int(r),
+        "alpha": float(alpha), "rslora": rslora, "dropout": p,
+        "bias": getattr(base, "bias", None) is not None,
+        "adapter_dtype": _DTYPE_NAMES.get(lora_a[adapter].weight.dtype),
+        "scales_dtype": _DTYPE_NAMES.get(base.scales.dtype),
+        "zero_format": getattr(base, "zero_format", None),
+        "device": base.qweight.device,
+    }
+
+
+def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
+                 ) -> Tuple[str, Dict[str, dict]]:
+    own = _lora_linear(module, "", adapter)
+    if own is not None:
+        if kind not in (None, "lora_w"):
+            raise ModuleRefused(f"kind {kind!r}: the module is one LoRA linear (kind lora_w)")
+        return "lora_w", {"": own}
+    families = {"mlp": ("gate_proj", "up_proj", "down_proj"),
+                "qkv": ("q_proj", "k_proj", "v_proj")}
+    for name, members in families.items():
+        if kind not in (None, name) or not all(hasattr(module, m) for m in members):
+            continue
+        found = {m: _lora_linear(getattr(module, m), m, adapter) for m in members}
+        plain = [m for m, f in found.items() if f is None]
+        if plain:
+            raise ModuleRefused(f"{', '.join(plain)}: not a LoRA linear over a GPTQ base "
+                                f"(kind {name} needs LoRA on {', '.join(members)})")
+        return name, found
+    raise ModuleRefused(f"{type(module).__name__}: not a module check_module reads: a LoRA "
+                        "linear over a GPTQ QuantLinear (peft's lora_A/lora_B/base_layer), an MLP "
+                        "of gate_proj/up_proj/down_proj, or an attention's q_proj/k_proj/v_proj")
+
+
+def _common(projections: Dict[str, dict], field: str, zero_format: Optional[str]):
+    values = {p["path"] or "module": p[field] for p in projections.values()}
+    if field == "zero_format":
+        values = {k: v or zero_format for k, v in values.items()}
+        if None in values.values():
+            raise ModuleRefused("the QuantLinear does not say how its qzeros store zero points "
+                                "(no zero_format attribute): pass zero_format='gptq' (v1) or "
+                                "'gptq_v2'")
+    if len(set(values.values())) != 1:
+        raise ModuleRefused(f"{field} differs between projections ({values}): a case has one")
+    return next(iter(values.values()))
+
+
+def _activation_is_silu(mlp: torch.nn.Module) -> None:
+    act = getattr(mlp, "act_fn", None)
+    if act is None:
+        raise ModuleRefused(f"{type(mlp).__name__}: no act_fn; the reference models SwiGLU")
+    probe = torch.linspace(-6, 6, 97, dtype=torch.float64)
+    if not torch.allclose(act(probe), torch.nn.functional.silu(probe), rtol=1e-12, atol=1e-12):
+        raise ModuleRefused(f"{type(mlp).__name__}.act_fn is {type(act).__name__}, not SiLU: the "
+                            "reference models SwiGLU (down(silu(gate(x)) * up(x))) only")
+
+
+def _case_text(kind: str, projections: Dict[str, dict], dtypes: Sequence[str], batch: int,
+               seq: int, seed: int, zero_format: str) -> str:
+    c = lambda field: _common(projections, field, zero_format)  # noqa: E731
+    lines = [f'kind = "{kind}"']
+    if kind == "lora_w":
+        p = projections[""]
+        lines += [f"in_features = {p['in']}", f"out_features = {p['out']}"]
+    elif kind == "mlp":
+        lines += [f"hidden = {projections['gate_proj']['in']}",
+                  f"intermediate = {projections['gate_proj']['out']}"]
+    else:
+        q, k = projections["q_proj"], projections["k_proj"]
+        lines += [f"hidden = {q['in']}"]
+        # heads and kv heads only fix k/v's width here: kv_heads / heads = k_out / q_out.
+        from math import gcd
+        g = gcd(q["out"], k["out"])
+        lines += [f"heads = {q['out'] // g}", f"kv_heads = {k['out'] // g}"]
+    device = c("device")
+    lines += [
+        f"bits = {c('bits')}", f"group_size = {c('group_size')}",
+        f"desc_act = {str(c('desc_act')).lower()}", f'format = "{c("zero_format")}"',
+        f'scales_dtype = "{c("scales_dtype")}"', f"rank = {c('rank')}",
+        f"alpha = {float(c('alpha'))!r}", f"rslora = {str(c('rslora')).lower()}",
+        f"dropout = {float(c('dropout'))!r}", f"bias = {str(c('bias')).lower()}",
+        f'adapter_dtype = "{c("adapter_dtype")}"', f"batch = {batch}", f"seq = {seq}",
+        f"seed = {seed}", f'device = "{"cuda" if device.type == "cuda" else "cpu"}"',
+        "", "[matrix]", "dtype = [" + ", ".join(f'"{d}"' for d in dtypes) + "]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _case_dropout(p: dict, adapter: str, mask, rate: float) -> Iterator[None]:
+    """The case's mask in place of the module's dropout, for one call."""
+    module = p["module"]
+    if mask is None or not hasattr(module, "lora_dropout"):
+        yield
+        return
+    saved = module.lora_dropout[adapter]
+    module.lora_dropout[adapter] = MaskDropout(mask, rate)
+    try:
+        yield
+    finally:
+        module.lora_dropout[adapter] = saved
+
+
+def _tensors(p: dict, proj: Sequence[torch.Tensor], adapter: str, prefix: str) -> dict:
+    """The case's tensors under the module's own names."""
+    names = [f"base_layer.{b}" for b in _BASE_BUFFERS] + [f"lora_A.{adapter}.weight",
+                                                          f"lora_B.{adapter}.weight"]
+    if p["bias"]:
+        names.append("base_layer.bias")
+    return {prefix + n: t for n, t in zip(names, proj)}
+
+
+def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str, dict],
+              adapter: str):
+    library = torch.library.Library(ns, "DEF")
+    op = {"lora_w": "lora_w", "qkv": "lora_qkv", "mlp": "lora_mlp"}[kind]
+    library.define(api._gradscope.OP_SCHEMAS[op])
+
+    def linear(name, x, proj, mask, rate):
+        p = projections[name]
+        with _case_dropout(p, adapter, mask, rate):
+            return torch.func.functional_call(p["module"], _tensors(p, proj, adapter, ""), (x,))
+
+    def lora_w(x, proj, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
+               dropout_p=0.0):
+        return linear("", x, proj, dropout_mask, dropout_p)
+
+    def lora_qkv(x, q, k, v, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
+                 dropout_p=0.0):
+        return [linear(n, x, t, dropout_mask, dropout_p)
+                for n, t in (("q_proj", q), ("k_proj", k), ("v_proj", v))]
+
+    def lora_mlp(x, gate, up, down, bits, zero_format, lora_alpha, use_rslora, dropout_x=None,
+                 dropout_h=None, dropout_p=0.0):
+        # The module's own forward (e.g. transformers' LlamaMLP), every projection's tensors
+        # swapped in by name, each projection's dropout the case's mask for its input.
+        tensors = {}
+        for name, t in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+            tensors.update(_tensors(projections[name], t, adapter, name + "."))
+        with contextlib.ExitStack() as stack:
+            for name, mask in (("gate_proj", dropout_x), ("up_proj", dropout_x),
+                               ("down_proj", dropout_h)):
+                stack.enter_context(_case_dropout(projections[name], adapter, mask, dropout_p))
+            return torch.func.functional_call(module, tensors, (x,))
+
+    library.impl(op, {"lora_w": lora_w, "lora_qkv": lora_qkv, "lora_mlp": lora_mlp}[op],
+                 "CompositeImplicitAutograd")
+    return library
+
+
+def _parameter_name(check_path: str, kind: str, adapter: str) -> str:
+    """The module's own name for a check: <projection>/lora_A.grad -> q_proj.lora_A.<a>.weight.grad."""
+    parts = check_path.split("/")
+    proj, tensor = parts[-2], parts[-1]
+    prefix = "" if kind == "lora_w" else proj + "."
+    if tensor in ("lora_A.grad", "lora_B.grad"):
+        return f"{prefix}{tensor.split('.')[0]}.{adapter}.weight.grad"
+    if tensor == "output":
+        return f"{prefix}output" if kind == "qkv" else "output"
+    return tensor  # input.grad
+
+
+def check_module(
+    module: torch.nn.Module,
+    *,
+    kind: Optional[str] = None,
+    adapter: str = "default",
+    dtypes: Union[str, Sequence[str]] = ("fp32", "fp16", "bf16"),
+    batch: int = 2,
+    seq: int = 17,
+    seed: int = 1,
+    zero_format: Optional[str] = None,
+    raise_on_failure: bool = True,
+) -> List[api.Case]:
+    """Judges `module` by gradscope's rule on the case of its own configuration, once per dtype.
+
+    `module`: a LoRA linear over a GPTQ QuantLinear (peft's LoraLayer names: base_layer,
+    lora_A/lora_B/lora_dropout[adapter], r, lora_alpha, use_rslora; the base's qweight, qzeros,
+    scales, g_idx, bits), an MLP whose gate_proj, up_proj and down_proj are such linears and
+    whose act_fn is SiLU (kind mlp), or a module with such q_proj, k_proj, v_proj (kind qkv: the
+    three projections of one input). `zero_format` says how the base's qzeros store zero points
+    where the base has no `zero_format` attribute. Returns gradscope.check's Cases, each check's
+    `name` the module's own path (`q_proj.lora_A.default.weight.grad`); raises AssertionError
+    naming each failing tensor by that path unless raise_on_failure is False, and ModuleRefused
+    (a GradscopeInputError) for a module or feature gradscope does not model.
+    """
+    __tracebackhide__ = True
+    kind, projections = _projections(module, kind, adapter)
+    if kind == "mlp":
+        _activation_is_silu(module)
+    dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
+    text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format)
+    ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
+    library = _register(ns, kind, module, projections, adapter)
+    was_training = module.training
+    module.train()  # dropout and anything else a training step does
+    try:
+        with tempfile.TemporaryDirectory(prefix="gradscope-module-") as scratch:
+            case_file = os.path.join(scratch, f"{type(module).__name__}.toml")
+            with open(case_file, "w") as f:
+                f.write(text)
+            cases = api.check(case_file, impl=ns, raise_on_failure=False)
+    finally:
+        module.train(was_training)
+        library._destroy()
+    for case in cases:
+        for check in case.checks:
+            check.name = _parameter_name(check.path, kind, adapter)
+        # The namespace lives as long as this call: the replay is this call for the case's dtype.
+        case.replay = (f"gradscope.check_module(<{type(module).__name__}>, "
+                       f"dtypes={case.id.split('.')[1]!r}, batch={batch}, seq={seq}, seed={seed})")
+    failing = [c for c in cases if c.status == "fail"]
+    if failing and raise_on_failure:
+        lines = [f"{len(failing)} of {len(cases)} dtypes failed for {type(module).__name__} "
+                 f"(kind {kind})"]
+        for c in failing:
+            lines.append(f"{c.id}:")
+            lines += [f"  {k.name}: {k.message}" for k in c.checks if not k.passed]
+            lines.append(f"  replay: {c.replay}")
+        raise AssertionError("\n".join(lines))
+    return cases
