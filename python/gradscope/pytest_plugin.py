@@ -8,8 +8,9 @@ check, then the command that replays the case) and none of gradscope's frames; a
 implementation declines is a skip with its reason; a case gradscope cannot judge (a bad file,
 a missing operator) is an error with gradscope's message.
 
-Without those options the plugin collects nothing and only offers the `gradscope_check`
-fixture: `gradscope.check` with the command line's implementation, imports and device.
+Without those options the plugin collects nothing and offers fixtures: `gradscope_check`
+(`gradscope.check` with the command line's implementation, imports, device and seed) and
+`gradscope_check_module` (`gradscope.check_module` with its seed).
 docs/python.md describes both.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 
 from . import api
+from .check_module import check_module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,6 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="load this shared library first (it registers --gradscope-impl)")
     group.addoption("--gradscope-device", choices=("cpu", "cuda"), default=None,
                     help="override every case's device")
+    group.addoption("--gradscope-seed", type=int, default=None, metavar="SEED",
+                    help="override every case's seed (and check_module's)")
 
 
 class _Options:
@@ -50,6 +54,7 @@ class _Options:
         self.imports: List[str] = get("gradscope_import")
         self.ops_libraries: List[str] = get("gradscope_ops_library")
         self.device: Optional[str] = get("gradscope_device")
+        self.seed: Optional[int] = get("gradscope_seed")
 
     def sources(self) -> Iterator[dict]:
         """Each selection as check()'s keyword arguments: a suite, or the case files."""
@@ -78,7 +83,7 @@ class GradscopeCase(pytest.Item):
         try:
             [case] = api.check(**self.source, filter=[self.case_id], impl=o.impl,
                                imports=o.imports, ops_libraries=o.ops_libraries, device=o.device,
-                               raise_on_failure=False, allow_unsupported=True)
+                               seed=o.seed, raise_on_failure=False, allow_unsupported=True)
         except api.GradscopeInputError as e:
             raise CaseFailed(f"not judged (exit 2): {e}") from None
         if case.status == "unsupported":
@@ -112,7 +117,8 @@ class GradscopeSelection(pytest.Collector):
     def collect(self) -> List[GradscopeCase]:
         o = self.options
         try:
-            ids = api.list_cases(**self.source, filter=o.filters or None, device=o.device)
+            ids = api.list_cases(**self.source, filter=o.filters or None, device=o.device,
+                                 seed=o.seed)
         except api.GradscopeInputError as e:
             raise pytest.UsageError(f"gradscope: {e}") from None
         return [GradscopeCase.from_parent(self, name=i, case_id=i, source=self.source,
@@ -139,7 +145,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.fixture
 def gradscope_check(request: pytest.FixtureRequest) -> Callable[..., List[api.Case]]:
     """gradscope.check with the command line's --gradscope-impl, --gradscope-import,
-    --gradscope-ops-library and --gradscope-device as defaults."""
+    --gradscope-ops-library, --gradscope-device and --gradscope-seed as defaults."""
     o = _Options(request.config)
     return functools.partial(api.check, impl=o.impl, imports=o.imports,
-                             ops_libraries=o.ops_libraries, device=o.device)
+                             ops_libraries=o.ops_libraries, device=o.device, seed=o.seed)
+
+
+@pytest.fixture
+def gradscope_check_module(request: pytest.FixtureRequest) -> Callable[..., List[api.Case]]:
+    """gradscope.check_module with the command line's --gradscope-seed as the default seed:
+    `def test_layer(gradscope_check_module): gradscope_check_module(my_layer)`."""
+    seed = _Options(request.config).seed
+    return functools.partial(check_module, seed=1 if seed is None else seed)

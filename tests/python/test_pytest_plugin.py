@@ -98,6 +98,22 @@ def test_without_options_the_plugin_collects_nothing_and_offers_the_fixture(
     result.assert_outcomes(passed=1)
 
 
+def test_the_check_module_fixture_takes_the_seed(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_layer="""
+        import gradscope
+        from peft.tuners.lora import LoraConfig
+        from peft.tuners.lora.gptq import GPTQLoraLinear
+
+        def test_my_layer(gradscope_check_module):
+            base = gradscope.QuantLinear(4, 32, 64, 32)
+            layer = GPTQLoraLinear(base, "default", config=LoraConfig(r=4, lora_alpha=8), r=4,
+                                   lora_alpha=8)
+            [case] = gradscope_check_module(layer, dtypes="fp32")
+            assert case.passed and case.id.endswith(".s7"), case.id
+    """)
+    run("--gradscope-seed", "7").assert_outcomes(passed=1)
+
+
 def test_the_package_declares_the_entry_point() -> None:
     pyproject = (CASES.parent / "pyproject.toml").read_text()
     assert re.search(r'\[project\.entry-points\.pytest11\]\s*\ngradscope = "gradscope\.pytest_plugin"',
