@@ -26,7 +26,7 @@ import torch  # noqa: E402,F401  (loads libtorch before the extension that links
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
 from .api import Case, Check, GradscopeInputError, check, define_ops, list_cases, main
-from .check_module import ModuleRefused, check_module
+from .check_module import ModelReport, ModuleRefused, ModuleResult, check_model, check_module
 from .quant_linear import QuantLinear
 
 __all__ = [
@@ -36,9 +36,12 @@ __all__ = [
     "FAULT_SWITCHES",
     "OP_SCHEMAS",
     "OP_SCHEMA_VERSION",
+    "ModelReport",
     "ModuleRefused",
+    "ModuleResult",
     "QuantLinear",
     "check",
+    "check_model",
     "check_module",
     "define_ops",
     "list_cases",

@@ -12,6 +12,7 @@ named by the module's own parameter paths.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import tempfile
@@ -284,3 +285,114 @@ def check_module(
             lines.append(f"  replay: {c.replay}")
         raise AssertionError("\n".join(lines))
     return cases
+
+
+@dataclasses.dataclass
+class ModuleResult:
+    """One module of a model, judged by check_module."""
+
+    path: str  # the module's path in the model, e.g. model.layers.3.mlp
+    kind: str  # lora_w, qkv or mlp
+    cases: List[api.Case]  # one per dtype
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases)
+
+    def worst(self) -> Tuple[float, str]:
+        """The largest err/limit over the module's checks, and the tensor it is on."""
+        ratios = [(k.max_abs / k.limit, f"{self.path}.{k.name}") for c in self.cases
+                  for k in c.checks if k.max_abs is not None and k.limit]
+        return max(ratios, default=(0.0, self.path))
+
+
+@dataclasses.dataclass
+class ModelReport:
+    """check_model's result: every module it found, in the model's order."""
+
+    modules: List[ModuleResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.modules)
+
+    @property
+    def first_failure(self) -> Optional[ModuleResult]:
+        return next((m for m in self.modules if not m.passed), None)
+
+    def table(self) -> str:
+        """One line per module: verdict, the worst err/limit and where."""
+        width = max((len(m.path) for m in self.modules), default=4)
+        lines = [f"{'module':<{width}}  kind    verdict  worst err/limit"]
+        for m in self.modules:
+            ratio, where = m.worst()
+            lines.append(f"{m.path:<{width}}  {m.kind:<6}  {'pass' if m.passed else 'FAIL':<7}  "
+                         f"{ratio:.3g}  {where[len(m.path) + 1:]}")
+        return "\n".join(lines)
+
+
+def _model_modules(model: torch.nn.Module, adapter: str) -> Iterator[Tuple[str, str]]:
+    """(path, kind) of every module check_module reads, in the model's order: an attention's
+    q/k/v together (qkv) and its o_proj (lora_w), an MLP (mlp), any other LoRA linear (lora_w)."""
+    covered: set = set()
+    for path, module in model.named_modules():
+        if any(path.startswith(c + ".") for c in covered):
+            continue
+        if all(_is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
+            covered.add(path)
+            yield path, "mlp"
+        elif all(_is_lora(getattr(module, m, None)) for m in ("q_proj", "k_proj", "v_proj")):
+            yield path, "qkv"
+            covered.update(f"{path}.{m}" for m in ("q_proj", "k_proj", "v_proj"))
+        elif _is_lora(module) and path not in covered:
+            covered.add(path)
+            yield path, "lora_w"
+
+
+def _is_lora(module: Optional[torch.nn.Module]) -> bool:
+    return module is not None and all(hasattr(module, a) for a in ("base_layer", "lora_A",
+                                                                     "lora_B"))
+
+
+def check_model(
+    model: torch.nn.Module,
+    *,
+    adapter: str = "default",
+    dtypes: Union[str, Sequence[str]] = ("bf16",),
+    batch: int = 1,
+    seq: int = 17,
+    seed: int = 1,
+    zero_format: Optional[str] = None,
+    raise_on_failure: bool = True,
+) -> ModelReport:
+    """Judges every LoRA module of `model` by check_module, one module at a time, in the
+    model's order: each decoder layer's q/k/v (kind qkv) and o_proj (lora_w) and its MLP
+    (mlp), and any other LoRA linear over a GPTQ base. Each module gets the seeded case of its
+    own configuration (module i: seed + i), so a bug shows in the module that has it and not in
+    every layer after.
+    Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
+    failing module and its failing tensors unless raise_on_failure is False.
+    """
+    __tracebackhide__ = True
+    found = list(_model_modules(model, adapter))
+    if not found:
+        raise ModuleRefused(f"{type(model).__name__}: no LoRA module over a GPTQ base found "
+                            "(peft's base_layer/lora_A/lora_B names)")
+    modules = {path: module for path, module in model.named_modules()}
+    # Module i draws from seed + i: layers of one shape still see different values.
+    report = ModelReport([
+        ModuleResult(path, kind, check_module(modules[path], kind=kind, adapter=adapter,
+                                              dtypes=dtypes, batch=batch, seq=seq, seed=seed + i,
+                                              zero_format=zero_format, raise_on_failure=False))
+        for i, (path, kind) in enumerate(found)
+    ])
+    first = report.first_failure
+    if first is not None and raise_on_failure:
+        lines = [f"first divergence: {first.path} ({first.kind}); "
+                 f"{sum(not m.passed for m in report.modules)} of {len(report.modules)} modules "
+                 "failed"]
+        for c in first.cases:
+            lines += [f"  {first.path}.{k.name}: {k.message}" for k in c.checks if not k.passed]
+        lines += ["", report.table()]
+        raise AssertionError("\n".join(lines))
+    return report

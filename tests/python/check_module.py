@@ -9,11 +9,14 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    reads v1 zero points as v2, a LoRA layer that leaves out its scaling in backward only.
 4. What the reference does not model is refused by name: a GELU MLP, a plain nn.Linear, a
    base that does not say how its zero points are stored.
+5. check_model over a two-layer LlamaForCausalLM with LoRA on all seven projections: six
+   modules pass; a bug planted in layer 1's down_proj base is the first divergence, named by
+   its path, and layer 0 still passes.
 """
 import torch
 from peft.tuners.lora import LoraConfig
 from peft.tuners.lora.gptq import GPTQLoraLinear
-from transformers import LlamaConfig
+from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
 
 import gradscope
@@ -133,8 +136,37 @@ def main():
     plain = lora(quant(128, 64, cls=V1WithoutSaying))
     expect_refusal(plain, "pass zero_format='gptq' (v1) or 'gptq_v2'")
     assert gradscope.check_module(plain, zero_format="gptq", dtypes="fp32")[0].passed
+    # 5. A model, module by module.
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=352,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=2, vocab_size=64))
+    sizes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
+             "gate_proj": (128, 352), "up_proj": (128, 352), "down_proj": (352, 128)}
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, (i, o) in sizes.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, lora(quant(i, o, group=32), r=4, alpha=8.0))
+    report = gradscope.check_model(model)
+    assert report.passed and [(m.path, m.kind) for m in report.modules] == [
+        ("model.layers.0.self_attn", "qkv"), ("model.layers.0.self_attn.o_proj", "lora_w"),
+        ("model.layers.0.mlp", "mlp"), ("model.layers.1.self_attn", "qkv"),
+        ("model.layers.1.self_attn.o_proj", "lora_w"), ("model.layers.1.mlp", "mlp")], report
+    model.model.layers[1].mlp.down_proj = lora(quant(352, 128, group=32, cls=ReadsV1AsV2), r=4,
+                                                alpha=8.0)
+    try:
+        gradscope.check_model(model)
+        raise RuntimeError("a planted bug in layer 1 passed check_model")
+    except AssertionError as e:
+        text = str(e)
+        assert text.startswith("first divergence: model.layers.1.mlp (mlp); 1 of 6 modules"), text
+        assert "  model.layers.1.mlp.output: " in text, text
+    report = gradscope.check_model(model, raise_on_failure=False)
+    assert [m.passed for m in report.modules] == [True] * 5 + [False], report.table()
+    print(report.table())
     print("check_module: a LoRA linear, LlamaMLP and LlamaAttention's q/k/v pass; two planted "
-          "bugs fail by parameter path; three unmodelled modules refused by name")
+          "bugs fail by parameter path; three unmodelled modules refused by name; check_model "
+          "finds the first divergence in a two-layer Llama")
 
 
 if __name__ == "__main__":
