@@ -2,21 +2,48 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "reference/row_parallel.h"
 
 namespace gradscope::reference {
 namespace {
 
+// A coefficient-wise expression (each element from the same elements of its operands: no
+// reduction, no product) evaluated row by row over the threads: each element is the same
+// expression on the same operands as one plain assignment gives. The variances of a real-shape
+// layer are matrices of up to hundreds of millions of elements, and Eigen runs coefficient-wise
+// expressions on one core; small ones stay there (a parallel region costs more than they do).
+template <class Expr>
+Matrix by_rows(const Expr& e) {
+  Matrix out(e.rows(), e.cols());
+  if (out.size() < (int64_t{1} << 16)) {
+    out = e;
+  } else {
+    for_each_row(out.rows(), [&](int64_t t) { out.row(t) = e.row(t); });
+  }
+  return out;
+}
+
+// dst op= e, by rows (op: += when `add`).
+template <class Expr>
+void add_by_rows(Matrix& dst, const Expr& e) {
+  if (dst.size() < (int64_t{1} << 16)) {
+    dst += e;
+  } else {
+    for_each_row(dst.rows(), [&](int64_t t) { dst.row(t) += e.row(t); });
+  }
+}
+
 Matrix sq(const Matrix& a) {
-  return a.cwiseAbs2();
+  return by_rows(a.cwiseAbs2());
 }
 
 // a + b where either may be empty (an exact value has no variance matrix).
 Matrix plus(const Matrix& a, const Matrix& b) {
   if (a.size() == 0) return b;
   if (b.size() == 0) return a;
-  return a + b;
+  return by_rows(a + b);
 }
 
 // u^2 K / 2: the accumulation term's factor for sums of K terms in format f.
@@ -36,13 +63,13 @@ double flushed(const Format& f, int64_t k) {
 template <class MatA, class MatB>
 Matrix product_variance(const MatA& a, const Matrix& var_a, const MatB& b, const Matrix& var_b,
                         const Matrix& ab, const Format& acc) {
-  const Matrix sa = a.cwiseAbs2();
+  const Matrix sa = by_rows(a.cwiseAbs2());
   const double c = accumulation(acc, a.cols());
-  Matrix left = c * sa;
-  if (var_a.size() > 0) left += var_a;
-  Matrix v = c * ab.cwiseAbs2();
-  v.array() += flushed(acc, a.cols());
-  v.noalias() += left * b.cwiseAbs2();
+  Matrix left = by_rows(c * sa);
+  if (var_a.size() > 0) add_by_rows(left, var_a);
+  Matrix v = by_rows(c * ab.cwiseAbs2());
+  add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, a.cols())));
+  v.noalias() += left * by_rows(b.cwiseAbs2());
   if (var_b.size() > 0) v.noalias() += sa * var_b;
   return v;
 }
@@ -55,11 +82,11 @@ Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const MatW&
   const Matrix sx = sq(x);
   const double c = accumulation(acc, x.cols());
   const double u2 = weight.unit_roundoff * weight.unit_roundoff;
-  Matrix left = (c + u2) * sx;
-  if (var_x.size() > 0) left += var_x;
-  Matrix v = c * xw.cwiseAbs2();
-  v.array() += flushed(acc, x.cols());
-  v.noalias() += left * w.cwiseAbs2();
+  Matrix left = by_rows((c + u2) * sx);
+  if (var_x.size() > 0) add_by_rows(left, var_x);
+  Matrix v = by_rows(c * xw.cwiseAbs2());
+  add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, x.cols())));
+  v.noalias() += left * by_rows(w.cwiseAbs2());
   if (weight.subnormal > 0) {
     v.colwise() += (weight.subnormal * weight.subnormal) * sx.rowwise().sum();
   }
@@ -69,12 +96,12 @@ Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const MatW&
 // Variance of X_d = X * mask / (1 - p) from that of X.
 Matrix dropped_variance(const Matrix& var_x, const Dropout& d) {
   if (d.p == 0 || var_x.size() == 0) return var_x;
-  return var_x.cwiseProduct(d.mask) / ((1 - d.p) * (1 - d.p));
+  return by_rows(var_x.cwiseProduct(d.mask) / ((1 - d.p) * (1 - d.p)));
 }
 
 // x / s for s != 0: the unscaled value of a scaled product (s = 0 leaves nothing to scale).
 Matrix unscaled(const Matrix& x, double s) {
-  return s == 0 ? x : Matrix(x / s);
+  return s == 0 ? x : by_rows(x / s);
 }
 
 double sigmoid(double e) {
@@ -85,11 +112,15 @@ double sigmoid(double e) {
 
 Matrix rounding_variance(const Matrix& v, const Format& f) {
   const double u2 = f.unit_roundoff * f.unit_roundoff, s2 = f.subnormal * f.subnormal;
-  return ((u2 * v.cwiseAbs2()).array() + s2).matrix();
+  return by_rows(((u2 * v.cwiseAbs2()).array() + s2).matrix());
 }
 
 void RoundingNoise::store(const std::string& name, const Matrix& v) {
-  const double m = v.size() ? v.cwiseAbs().maxCoeff() : 0.0;
+  // The largest |v| by rows over the threads: a maximum is the same in any order.
+  std::vector<double> row_max(v.rows(), 0.0);
+  if (v.cols() > 0)
+    for_each_row(v.rows(), [&](int64_t t) { row_max[t] = v.row(t).cwiseAbs().maxCoeff(); });
+  const double m = row_max.empty() ? 0.0 : *std::max_element(row_max.begin(), row_max.end());
   for (auto& s : stored_) {
     if (s.name == name) {
       s.max_abs = std::max(s.max_abs, m);
@@ -113,21 +144,24 @@ Matrix composite_variance(const Matrix& var, const Projection& p, const Dropout&
   const Matrix m = p.lora_A.transpose() * p.lora_B.transpose();  // [in, out]
   const double s = p.scaling;
   if (d.p == 0) {
-    const Matrix w2 = (p.weight_t + s * m).cwiseAbs2();
+    const Matrix w2 = by_rows((p.weight_t + s * m).cwiseAbs2());
     return transposed ? Matrix(var * w2.transpose()) : Matrix(var * w2);
   }
   const double c = 1.0 / (1.0 - d.p);
-  const Matrix w2 = p.weight_t.cwiseAbs2(), wm = p.weight_t.cwiseProduct(m), m2 = m.cwiseAbs2();
+  const Matrix w2 = by_rows(p.weight_t.cwiseAbs2()), wm = by_rows(p.weight_t.cwiseProduct(m)),
+               m2 = by_rows(m.cwiseAbs2());
   if (!transposed) {
-    const Matrix vm = var.cwiseProduct(d.mask);
+    const Matrix vm = by_rows(var.cwiseProduct(d.mask));
     Matrix v = var * w2;
     v.noalias() += (2 * s * c) * (vm * wm);
     v.noalias() += (s * s * c * c) * (vm * m2);
     return v;
   }
   Matrix v = var * w2.transpose();
-  v += (2 * s * c) * d.mask.cwiseProduct(var * wm.transpose());
-  v += (s * s * c * c) * d.mask.cwiseProduct(var * m2.transpose());
+  const Matrix vwm = var * wm.transpose();
+  add_by_rows(v, (2 * s * c) * d.mask.cwiseProduct(vwm));
+  const Matrix vm2 = var * m2.transpose();
+  add_by_rows(v, (s * s * c * c) * d.mask.cwiseProduct(vm2));
   return v;
 }
 
@@ -147,24 +181,24 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
       product_variance(xd, var_xd_own, p.lora_A.transpose(), Matrix(), xa, acc) +
       rounding_variance(xa, ad);
   const Matrix lora = s * (xa * p.lora_B.transpose());
-  Matrix var_lora =
-      s2 * product_variance(xa, var_xa_own, p.lora_B.transpose(), Matrix(), unscaled(lora, s), acc);
-  var_lora += rounding_variance(lora, ad) + rounding_variance(lora, act);
+  Matrix var_lora = by_rows(s2 * product_variance(xa, var_xa_own, p.lora_B.transpose(), Matrix(),
+                                                  unscaled(lora, s), acc));
+  add_by_rows(var_lora, rounding_variance(lora, ad) + rounding_variance(lora, act));
 
   // The base product X W (the reference's y less bias and adapter term), its weight's
   // rounding and accumulation; x's own error through base and adapter together.
-  Matrix base = y - lora;
-  if (p.bias.size() > 0) base.rowwise() -= p.bias;
+  Matrix base = by_rows(y - lora);
+  if (p.bias.size() > 0) for_each_row(base.rows(), [&](int64_t t) { base.row(t) -= p.bias; });
   ProjectionForwardNoise out;
-  out.y = weight_product_variance(x, Matrix(), p.weight_t, base, act, acc) +
-          rounding_variance(base, act);
-  if (var_x.size() > 0) out.y += composite_variance(var_x, p, d, /*transposed=*/false);
+  out.y = by_rows(weight_product_variance(x, Matrix(), p.weight_t, base, act, acc) +
+                  rounding_variance(base, act));
+  if (var_x.size() > 0) add_by_rows(out.y, composite_variance(var_x, p, d, /*transposed=*/false));
   store(name + "/base_output", base);
   if (p.bias.size() > 0) {
-    base.rowwise() += p.bias;
-    out.y += rounding_variance(base, act);
+    for_each_row(base.rows(), [&](int64_t t) { base.row(t) += p.bias; });
+    add_by_rows(out.y, rounding_variance(base, act));
   }
-  out.y += var_lora + rounding_variance(y, act);
+  add_by_rows(out.y, var_lora + rounding_variance(y, act));
   // X_d A^T's variance for the backward's dB: each element sums independent errors of one row.
   out.xa = var_xa_own;
   if (var_x.size() > 0) out.xa += dropped_variance(var_x, d) * p.lora_A.transpose().cwiseAbs2();
@@ -199,14 +233,14 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   // The adapter's share of dX with its own roundings, then the base product dY W (the
   // reference's dX less that share); dY's own error through both together.
   const Matrix ba = dyb * p.lora_A;
-  Matrix var_term = s2 * product_variance(dyb, var_dyb_own, p.lora_A, Matrix(), ba, acc);
+  Matrix var_term = by_rows(s2 * product_variance(dyb, var_dyb_own, p.lora_A, Matrix(), ba, acc));
   const Matrix term = dropped(s * ba, d);
   var_term = dropped_variance(var_term, d);
-  var_term += rounding_variance(term, ad) + rounding_variance(term, act);
-  const Matrix dx_base = grads.dx - term;
-  g.dx = weight_product_variance(dy, Matrix(), p.weight_t.transpose(), dx_base, act, acc) +
-         rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act);
-  if (var_dy.size() > 0) g.dx += composite_variance(var_dy, p, d, /*transposed=*/true);
+  add_by_rows(var_term, rounding_variance(term, ad) + rounding_variance(term, act));
+  const Matrix dx_base = by_rows(grads.dx - term);
+  g.dx = by_rows(weight_product_variance(dy, Matrix(), p.weight_t.transpose(), dx_base, act, acc) +
+                 rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act));
+  if (var_dy.size() > 0) add_by_rows(g.dx, composite_variance(var_dy, p, d, /*transposed=*/true));
 
   const Matrix dyb_t = dyb.transpose(), var_dyb_t = var_dyb.transpose();
   g.dA = s2 * product_variance(dyb_t, var_dyb_t, xd, var_xd, unscaled(grads.dA, s), acc) +
@@ -232,8 +266,9 @@ QkvNoise RoundingNoise::qkv(const Matrix& x, const Matrix& dq, const Matrix& dk,
   n.gk = lora_backward(x, none, dk, none, k, d, fk, grads.k, "k_proj");
   n.gv = lora_backward(x, none, dv, none, v, d, fv, grads.v, "v_proj");
   // The three shares added, each sum rounded.
-  n.dx = n.gq.dx + n.gk.dx + n.gv.dx + rounding_variance(grads.q.dx + grads.k.dx, p_.activation) +
-         rounding_variance(grads.dx, p_.activation);
+  n.dx = by_rows(n.gq.dx + n.gk.dx + n.gv.dx +
+                 rounding_variance(grads.q.dx + grads.k.dx, p_.activation) +
+                 rounding_variance(grads.dx, p_.activation));
   return n;
 }
 
@@ -321,7 +356,7 @@ MlpNoise RoundingNoise::mlp(const MlpTape& tape, const Matrix& x, const Matrix& 
   store("mlp/de", sg.de);
   n.up = lora_backward(x, none, sg.dg, sg.var_dg, up, dx, fu, grads.up, "up_proj");
   n.gate = lora_backward(x, none, sg.de, sg.var_de, gate, dx, fg, grads.gate, "gate_proj");
-  n.dx = n.up.dx + n.gate.dx + rounding_variance(grads.dx, act);
+  n.dx = by_rows(n.up.dx + n.gate.dx + rounding_variance(grads.dx, act));
   return n;
 }
 
