@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import tempfile
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -55,11 +56,13 @@ def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[d
     if dropout is not None and not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
         raise ModuleRefused(f"{path}.lora_dropout.{adapter}: {type(dropout).__name__} is neither "
                             "nn.Dropout nor nn.Identity: gradscope models dropout only")
-    r = module.r[adapter] if isinstance(getattr(module, "r", None), dict) else lora_a[adapter].out_features
-    alpha = module.lora_alpha[adapter] if isinstance(getattr(module, "lora_alpha", None), dict) \
-        else r
-    rslora = bool(module.use_rslora[adapter]) if isinstance(getattr(module, "use_rslora", None),
-                                                            dict) else False
+    def per_adapter(attribute: str, default):
+        values = getattr(module, attribute, None)
+        return values[adapter] if isinstance(values, dict) else default
+
+    r = per_adapter("r", lora_a[adapter].out_features)
+    alpha = per_adapter("lora_alpha", r)
+    rslora = bool(per_adapter("use_rslora", False))
     if getattr(lora_b[adapter], "bias", None) is not None:
         raise ModuleRefused(f"{path}.lora_B.{adapter}: a bias on lora_B is not in gradscope's "
                             "LoRA (docs/lora-math.md)")
@@ -133,10 +136,12 @@ def _case_text(kind: str, projections: Dict[str, dict], dtypes: Sequence[str], b
                   f"intermediate = {projections['gate_proj']['out']}"]
     else:
         q, k = projections["q_proj"], projections["k_proj"]
+        if q["out"] != q["in"]:
+            raise ModuleRefused(f"q_proj maps {q['in']} -> {q['out']}: kind qkv models "
+                                "q_proj as hidden -> hidden (heads x head_dim = hidden)")
         lines += [f"hidden = {q['in']}"]
         # heads and kv heads only fix k/v's width here: kv_heads / heads = k_out / q_out.
-        from math import gcd
-        g = gcd(q["out"], k["out"])
+        g = math.gcd(q["out"], k["out"])
         lines += [f"heads = {q['out'] // g}", f"kv_heads = {k['out'] // g}"]
     device = c("device")
     lines += [
@@ -180,7 +185,7 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
               adapter: str):
     library = torch.library.Library(ns, "DEF")
     op = {"lora_w": "lora_w", "qkv": "lora_qkv", "mlp": "lora_mlp"}[kind]
-    library.define(api._gradscope.OP_SCHEMAS[op])
+    api.define_ops(library, [op])
 
     def linear(name, x, proj, mask, rate):
         p = projections[name]
@@ -215,7 +220,8 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
 
 
 def _parameter_name(check_path: str, kind: str, adapter: str) -> str:
-    """The module's own name for a check: <projection>/lora_A.grad -> q_proj.lora_A.<a>.weight.grad."""
+    """The module's own name for a check, e.g. .../q_proj/lora_A.grad ->
+    q_proj.lora_A.<adapter>.weight.grad."""
     parts = check_path.split("/")
     proj, tensor = parts[-2], parts[-1]
     prefix = "" if kind == "lora_w" else proj + "."

@@ -88,7 +88,8 @@ class ForgetsScalingInBackward(GPTQLoraLinear):
         a, b = self.lora_A["default"], self.lora_B["default"]
         drop = self.lora_dropout["default"]
         lora = b(a(drop(x.to(a.weight.dtype))))
-        return self.base_layer(x) + _UnscaledBackward.apply(lora, self.scaling["default"]).to(x.dtype)
+        scaled = _UnscaledBackward.apply(lora, self.scaling["default"])
+        return self.base_layer(x) + scaled.to(x.dtype)
 
 
 def main():

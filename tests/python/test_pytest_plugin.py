@@ -27,8 +27,8 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("-p", "gradscope.pytest_plugin", "-p", "no:cacheprovider",
-                                             *args)
+        return pytester.runpytest_subprocess("-p", "gradscope.pytest_plugin",
+                                             "-p", "no:cacheprovider", *args)
 
     return run
 
@@ -116,5 +116,5 @@ def test_the_check_module_fixture_takes_the_seed(run, pytester: pytest.Pytester)
 
 def test_the_package_declares_the_entry_point() -> None:
     pyproject = (CASES.parent / "pyproject.toml").read_text()
-    assert re.search(r'\[project\.entry-points\.pytest11\]\s*\ngradscope = "gradscope\.pytest_plugin"',
-                     pyproject), pyproject
+    entry = r'\[project\.entry-points\.pytest11\]\s*\ngradscope = "gradscope\.pytest_plugin"'
+    assert re.search(entry, pyproject), pyproject
