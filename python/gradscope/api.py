@@ -111,10 +111,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _run(rest)
 
 
-def _filters(filter: Union[None, str, Sequence[str]]) -> List[str]:
-    if filter is None:
-        return []
-    return [filter] if isinstance(filter, str) else [str(f) for f in filter]
+def _selection(cases: Union[str, Sequence[str]], suite: Optional[str],
+               filter: Union[None, str, Sequence[str]], device: Optional[str],
+               dtype: Optional[str], seed: Optional[int]) -> List[str]:
+    """The command line's case selection: files, --filter per glob, suite and overrides."""
+    args = [cases] if isinstance(cases, str) else list(cases)
+    globs = [] if filter is None else [filter] if isinstance(filter, str) else list(filter)
+    for glob in globs:
+        args += ["--filter", str(glob)]
+    for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
+                        ("--seed", seed)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def failure_lines(case: "Case", named: bool = False) -> List[str]:
+    """A failing case as gradscope reports it: its id, each failing check's message (after the
+    tensor's `name` when `named`), the replay line."""
+    lines = [f"{case.id}:"]
+    lines += [f"  {k.name}: {k.message}" if named else f"  {k.message}"
+              for k in case.checks if not k.passed]
+    lines.append(f"  replay: {case.replay}")
+    return lines
 
 
 class _CapturedFd:
@@ -168,23 +187,16 @@ def check(
     replays the case.
     """
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not ours
-    if isinstance(cases, str):
-        cases = [cases]
     imports = list(imports)
     _import_all(imports)
     with tempfile.TemporaryDirectory(prefix="gradscope-check-") as scratch:
         report = json_path or os.path.join(scratch, "report.json")
-        args = ["run", *cases, "--quiet", "--json", report, "--impl", impl]
+        args = ["run", *_selection(cases, suite, filter, device, dtype, seed), "--quiet",
+                "--json", report, "--impl", impl]
         for lib in ops_libraries:
             args += ["--ops-library", lib]
         for name in imports:
             args += ["--import", name]
-        for glob in _filters(filter):
-            args += ["--filter", glob]
-        for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
-                            ("--seed", seed)):
-            if value is not None:
-                args += [flag, str(value)]
         if allow_unsupported:
             args.append("--allow-unsupported")
         args += list(extra_args)
@@ -213,9 +225,7 @@ def check(
     if failing and raise_on_failure:
         lines = [f"{len(failing)} of {len(result)} gradscope cases failed (implementation {impl})"]
         for c in failing:
-            lines.append(f"{c.id}:")
-            lines += [f"  {k.message}" for k in c.checks if not k.passed]
-            lines.append(f"  replay: {c.replay}")
+            lines += failure_lines(c)
         raise AssertionError("\n".join(lines))
     return result
 
@@ -233,15 +243,7 @@ def list_cases(
 
     Raises GradscopeInputError for a selection gradscope refuses (a bad file, no match)."""
     __tracebackhide__ = True
-    if isinstance(cases, str):
-        cases = [cases]
-    args = ["list", *cases]
-    for glob in _filters(filter):
-        args += ["--filter", glob]
-    for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
-                        ("--seed", seed)):
-        if value is not None:
-            args += [flag, str(value)]
+    args = ["list", *_selection(cases, suite, filter, device, dtype, seed)]
     with _CapturedFd() as captured:
         code = _run(args)
     if code != 0:

@@ -286,9 +286,7 @@ def check_module(
         lines = [f"{len(failing)} of {len(cases)} dtypes failed for {type(module).__name__} "
                  f"(kind {kind})"]
         for c in failing:
-            lines.append(f"{c.id}:")
-            lines += [f"  {k.name}: {k.message}" for k in c.checks if not k.passed]
-            lines.append(f"  replay: {c.replay}")
+            lines += api.failure_lines(c, named=True)
         raise AssertionError("\n".join(lines))
     return cases
 

@@ -92,9 +92,8 @@ class GradscopeCase(pytest.Item):
             reason = (case.unsupported or "").split("\n\nAt:", 1)[0].strip()
             pytest.skip(f"{o.impl} declines this case: {reason}")
         if case.status != "pass":
-            lines = [f"{case.id}: {case.status}"]
-            lines += [f"  {k.message}" for k in case.checks if not k.passed]
-            lines.append(f"  replay: {case.replay}")
+            lines = api.failure_lines(case)
+            lines[0] = f"{case.id}: {case.status}"
             raise CaseFailed("\n".join(lines))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
