@@ -77,7 +77,7 @@ std::vector<SelectedCase> select_cases(const CaseSelection& sel) {
       continue;
     }
     if (!seen.insert(id).second) continue;  // an override can make two cases identical
-    selected.push_back({std::move(spec), std::move(id)});
+    selected.push_back({std::move(spec), std::move(id), "", ""});
   }
   if (selected.empty()) {
     std::string globs;

@@ -25,6 +25,9 @@ struct CaseSelection {
 struct SelectedCase {
   CaseSpec spec;
   std::string id;
+  // A case drawn by `gradscope sample` without --cases-out has no file: the command that
+  // writes the draw's files first, and this case's file among them, for its replay line.
+  std::string replay_setup, replay_file;
 };
 
 // The selected cases in file order, each id once (an override can make two cases identical).

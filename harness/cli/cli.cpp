@@ -256,10 +256,13 @@ CLI::App* add_sample(CLI::App& app, SampleArgs& a) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sample->add_option("--kinds", a.cmd.draw.kinds, "only these kinds, e.g. lora_w,layer")
       ->delimiter(',');
-  sample
-      ->add_option("--cases-out", a.cmd.cases_out,
-                   "write each drawn case as a case file into this new folder (for replay)")
-      ->check(kNonEmpty);
+  auto* cases_out =
+      sample
+          ->add_option("--cases-out", a.cmd.cases_out,
+                       "write each drawn case as a case file into this new folder (for replay)")
+          ->check(kNonEmpty);
+  sample->add_flag("--draw-only", a.cmd.draw_only, "write the drawn cases and run none")
+      ->needs(cases_out);
   sample
       ->add_option("--max-seconds", a.cmd.max_seconds,
                    "stop starting cases after this many seconds (0: no bound)")

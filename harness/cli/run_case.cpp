@@ -25,14 +25,17 @@ std::string shell_quote(const std::string& s) {
 std::string replay_line(const SelectedCase& sc, const std::string& program,
                         const RunOptions& options) {
   const std::string checkpoint = sc.spec.kind == "dequant" ? "" : sc.spec.get_string("checkpoint");
+  // A sampled case's file is named through the shell variable its setup sets: double quotes.
+  const std::string file =
+      sc.replay_file.empty() ? shell_quote(sc.spec.file) : "\"" + sc.replay_file + "\"";
   const std::string source = checkpoint.empty() || checkpoint != sc.spec.file
-                                 ? shell_quote(sc.spec.file)
+                                 ? file
                                  : "--checkpoint " + shell_quote(checkpoint) + " --layers " +
                                        std::to_string(sc.spec.get_int("layer"));
-  std::string replay = program + " run " + source + " --filter " + shell_quote(sc.id) +
-                       " --device " + sc.spec.get_string("device") + " --dtype " +
-                       sc.spec.get_string("dtype") + " --seed " +
-                       std::to_string(sc.spec.get_int("seed"));
+  std::string replay = (sc.replay_setup.empty() ? "" : sc.replay_setup + " && ") + program +
+                       " run " + source + " --filter " + shell_quote(sc.id) + " --device " +
+                       sc.spec.get_string("device") + " --dtype " + sc.spec.get_string("dtype") +
+                       " --seed " + std::to_string(sc.spec.get_int("seed"));
   if (options.impl != "gradscope") replay += " --impl " + shell_quote(options.impl);
   for (const auto& lib : options.ops_libraries) replay += " --ops-library " + shell_quote(lib);
   for (const auto& mod : options.imports) replay += " --import " + shell_quote(mod);

@@ -50,13 +50,34 @@ int command_sample(const SampleCommand& cmd, const ReportOptions& o, const std::
       draw.cases[i].spec.file = cmd.cases_out + name;
     }
     staged.commit();
+    if (cmd.draw_only) {
+      std::cout << "wrote " << draw.cases.size() << " cases to " << cmd.cases_out << " (seed "
+                << cmd.draw.seed << ")\n";
+      return 0;
+    }
   }
   std::vector<SelectedCase> selected;
   std::set<std::string> seen;
-  for (auto& c : draw.cases) {
+  for (size_t i = 0; i < draw.cases.size(); ++i) {
+    auto& c = draw.cases[i];
     std::string id = find_kind(c.spec.kind)->case_id(c.spec);
     if (!seen.insert(id).second) continue;  // two draws of one configuration run once
-    selected.push_back({std::move(c.spec), std::move(id)});
+    SelectedCase sc{std::move(c.spec), std::move(id), "", ""};
+    if (cmd.cases_out.empty()) {
+      // A prefix of a draw is the shorter draw: drawing i + 1 cases writes this one again,
+      // into a fresh folder, so the line replays as often as it is run.
+      char name[32];
+      std::snprintf(name, sizeof name, "/case-%05zu.toml", i);
+      sc.replay_setup = "d=$(mktemp -d) && " + program + " sample --seed " +
+                        std::to_string(cmd.draw.seed) + " --count " + std::to_string(i + 1) +
+                        " --device " + cmd.draw.device;
+      std::string kinds;
+      for (const auto& k : cmd.draw.kinds) kinds += (kinds.empty() ? "" : ",") + k;
+      if (!kinds.empty()) sc.replay_setup += " --kinds " + kinds;
+      sc.replay_setup += " --draw-only --cases-out \"$d/cases\" > /dev/null";
+      sc.replay_file = "$d/cases" + std::string(name);
+    }
+    selected.push_back(std::move(sc));
   }
   std::cout << "sampled " << selected.size() << " cases (seed " << cmd.draw.seed << ", "
             << draw.rejected << " draws refused by the case rules and drawn again)\n";

@@ -11,7 +11,8 @@ namespace gradscope {
 
 struct SampleCommand {
   SampleOptions draw;
-  std::string cases_out;  // folder for the drawn case files
+  std::string cases_out;   // folder for the drawn case files
+  bool draw_only = false;  // write the case files and run none
   double max_seconds = 0;
 };
 

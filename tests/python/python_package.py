@@ -74,6 +74,15 @@ def main(cases_dir):
     again = subprocess.run(replay[0], shell=True, capture_output=True, text=True)
     assert again.returncode == 1 and "1 failed" in again.stdout, (replay[0], again)
 
+    # A sampled case has no file unless --cases-out is given: its replay line draws it first.
+    code, out = run_cli("sample", "--count", "4", "--seed", "5", "--kinds", "lora_w,mlp")
+    assert code == 0 and "1 out of range or refused" in out, out  # a draw, not a failure
+    replay = [line.split("replay: ", 1)[1] for line in out.splitlines() if "replay: " in line]
+    assert len(replay) == 1 and "--draw-only" in replay[0], out
+    for _ in range(2):  # each run draws into a fresh folder
+        again = subprocess.run(replay[0], shell=True, capture_output=True, text=True)
+        assert again.returncode == 2 and "1 invalid" in again.stdout, (replay[0], again)
+
     code, out = run_cli("run", lora_w, "--impl", "plain_py", "--import", "no_such_module_here")
     assert code == 2, out
     assert "--import no_such_module_here: ModuleNotFoundError" in out, out
