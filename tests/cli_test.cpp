@@ -221,13 +221,13 @@ TEST(CliSample, DrawsValidCasesAndReplaysThemFromFiles) {
 // --draw-only writes the draw and runs nothing; a prefix of a draw is the shorter draw.
 TEST(CliSample, DrawOnlyWritesThePrefixOfALongerDraw) {
   testing::TempDir dir;
-  const auto r = testing::run_captured({"sample", "--count", "4", "--seed", "5", "--draw-only",
-                                        "--cases-out", dir.path("short")});
+  const auto r = testing::run_captured(
+      {"sample", "--count", "4", "--seed", "5", "--draw-only", "--cases-out", dir.path("short")});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("wrote 4 cases to"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("sample summary"), std::string::npos) << r.out;
-  const auto longer = testing::run_captured({"sample", "--count", "9", "--seed", "5",
-                                             "--draw-only", "--cases-out", dir.path("long")});
+  const auto longer = testing::run_captured(
+      {"sample", "--count", "9", "--seed", "5", "--draw-only", "--cases-out", dir.path("long")});
   EXPECT_EQ(longer.code, 0) << longer.err;
   EXPECT_EQ(testing::read_file(dir.path("short/case-00003.toml")),
             testing::read_file(dir.path("long/case-00003.toml")));
