@@ -74,7 +74,7 @@ def main() -> None:
         case_file.write_text(blocks(doc, "toml")[0])
         run(["cmake", "--build", str(BUILD), "--target", "gradscope"])
         cli = str(BUILD / "gradscope")
-        m = re.search(r"runs (\w+) cases", doc)
+        m = re.search(r"`build/gradscope run [^`]+` runs (\w+) cases", doc)
         want = {"six": 6, "four": 4, "eight": 8}[m.group(1)]
         out = run([cli, "run", str(case_file)])
         if f"{want} passed, 0 failed" not in out:

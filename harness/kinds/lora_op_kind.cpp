@@ -203,6 +203,11 @@ const reference::Dropout& RefArgs::dropout(const std::string& name) const {
 }
 
 KindDecl lora_op_kind(LoraOpDecl op) {
+  // The default floor reads the default reference's results: one without the other is a
+  // declaration error, caught when the kind is registered rather than in a case.
+  if (static_cast<bool>(op.ref) != static_cast<bool>(op.floor)) {
+    throw std::logic_error(op.kind + ": declare both ref and floor, or neither (one LoRA linear)");
+  }
   KindDecl k;
   k.name = op.kind;
   k.fields = op.fields;
