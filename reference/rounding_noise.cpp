@@ -25,7 +25,7 @@ Matrix by_rows(const Expr& e) {
   return out;
 }
 
-// dst op= e, by rows (op: += when `add`).
+// dst += e, by rows (the same rule as by_rows).
 template <class Expr>
 void add_by_rows(Matrix& dst, const Expr& e) {
   if (dst.size() < (int64_t{1} << 16)) {

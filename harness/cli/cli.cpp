@@ -99,6 +99,22 @@ const CLI::Validator kSeed(
     },
     "SEED");
 
+// The implementation under test, for the commands that run cases (run, sample).
+void add_impl_options(CLI::App* cmd, impl::ImplChoice& impl) {
+  cmd->add_option("--impl", impl.ns,
+                  "operator namespace of the implementation under test (default gradscope; "
+                  "docs/implementations.md)")
+      ->check(kNonEmpty);
+  cmd->add_option("--ops-library", impl.libraries,
+                  "load this shared library first (it registers the --impl namespace)")
+      ->check(kNonEmpty);
+  cmd->add_option("--import", impl.imports,
+                  "a Python module that registers the --impl namespace (imported by python3 -m "
+                  "gradscope; named in the replay line)")
+      ->check(kNonEmpty)
+      ->allow_extra_args(false);
+}
+
 void add_selection_options(CLI::App* cmd, CaseSelection& sel) {
   cmd->add_option("cases", sel.files, "case files (TOML)");
   cmd->add_option("--suite", sel.suite, "suite name: the folder cases/NAME (default smoke)")
@@ -170,19 +186,7 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--inject", a.o.inject,
                   "run the production code as the named faulty variant (see gradscope faults)")
       ->check(kNonEmpty);
-  run->add_option("--impl", a.o.impl.ns,
-                  "operator namespace of the implementation under test (default gradscope; "
-                  "docs/implementations.md)")
-      ->check(kNonEmpty);
-  run->add_option("--ops-library", a.o.impl.libraries,
-                  "load this shared library first (it registers the --impl namespace)")
-      ->check(kNonEmpty);
-  run->add_option(
-         "--import", a.o.impl.imports,
-         "a Python module that registers the --impl namespace (imported by python3 -m gradscope; "
-         "named in the replay line)")
-      ->check(kNonEmpty)
-      ->allow_extra_args(false);
+  add_impl_options(run, a.o.impl);
   return run;
 }
 
@@ -270,21 +274,7 @@ CLI::App* add_sample(CLI::App& app, SampleArgs& a) {
   sample->add_option("--json", a.o.json, "write the JSON report to FILE")->check(kNonEmpty);
   sample->add_option("--junit", a.o.junit, "write JUnit XML to FILE")->check(kNonEmpty);
   sample->add_flag("--verbose", a.verbose, "print every case, not only failing ones");
-  sample
-      ->add_option("--impl", a.o.impl.ns,
-                   "operator namespace of the implementation under test (default gradscope)")
-      ->check(kNonEmpty);
-  sample
-      ->add_option("--ops-library", a.o.impl.libraries,
-                   "load this shared library first (it registers the --impl namespace)")
-      ->check(kNonEmpty);
-  sample
-      ->add_option(
-          "--import", a.o.impl.imports,
-          "a Python module that registers the --impl namespace (imported by python3 -m gradscope; "
-          "named in the replay line)")
-      ->check(kNonEmpty)
-      ->allow_extra_args(false);
+  add_impl_options(sample, a.o.impl);
   return sample;
 }
 
