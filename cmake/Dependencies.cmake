@@ -25,6 +25,30 @@ add_library(gradscope_torch INTERFACE)
 target_link_libraries(gradscope_torch INTERFACE ${TORCH_LIBRARIES} OpenMP::OpenMP_CXX)
 
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+
+# The reference's fp64 products run on OpenBLAS from the pinned PyPI wheel scipy-openblas32
+# (reference/dense_product.h): its symbols carry a scipy_ prefix, so they never meet the BLAS
+# inside libtorch. Found through the interpreter torch came from, else unpacked in .devdeps on
+# a machine without a package index (scripts/fill-devdeps.sh).
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} -c
+          "import os, scipy_openblas32 as s; print(os.path.dirname(os.path.dirname(s.__file__)))"
+  OUTPUT_VARIABLE _openblas_site OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+find_path(GRADSCOPE_OPENBLAS_ROOT scipy_openblas32/include/cblas.h
+          HINTS ${_openblas_site} ${CMAKE_SOURCE_DIR}/.devdeps/python NO_DEFAULT_PATH)
+find_library(GRADSCOPE_OPENBLAS_LIBRARY scipy_openblas
+             HINTS ${GRADSCOPE_OPENBLAS_ROOT}/scipy_openblas32/lib NO_DEFAULT_PATH)
+if(NOT GRADSCOPE_OPENBLAS_ROOT OR NOT GRADSCOPE_OPENBLAS_LIBRARY)
+  message(FATAL_ERROR "gradscope: OpenBLAS (the Python wheel scipy-openblas32) not found; "
+                      "run scripts/install-deps.sh, or scripts/fill-devdeps.sh for a machine "
+                      "without a package index")
+endif()
+add_library(gradscope_openblas SHARED IMPORTED)
+set_target_properties(gradscope_openblas PROPERTIES
+  IMPORTED_LOCATION ${GRADSCOPE_OPENBLAS_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${GRADSCOPE_OPENBLAS_ROOT}/scipy_openblas32/include)
+message(STATUS "gradscope: OpenBLAS ${GRADSCOPE_OPENBLAS_LIBRARY}")
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "reference/dense_product.h"
+
 namespace gradscope::reference {
 namespace {
 
@@ -44,7 +46,7 @@ Forward forward(const CausalLm& m, const std::vector<int64_t>& tokens) {
     f.tapes.push_back(layer_tape(h, layer, m.shape));
     h = f.tapes.back().out;
   }
-  f.logits = rmsnorm_forward(h, m.final_norm) * m.lm_head.transpose();
+  f.logits = product(rmsnorm_forward(h, m.final_norm), Op::kPlain, m.lm_head, Op::kTransposed);
   f.last = std::move(h);
   return f;
 }

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "reference/dense_product.h"
 #include "reference/row_parallel.h"
 
 namespace gradscope::reference {
@@ -65,7 +66,7 @@ namespace {
 // Row-softmax probabilities of one (batch, head) block, causal.
 Matrix causal_probabilities(const Matrix& q, const Matrix& k, double scale) {
   const int64_t n = q.rows();
-  Matrix p = q * k.transpose() * scale;
+  Matrix p = product(q, Op::kPlain, k, Op::kTransposed, scale);
   for (int64_t i = 0; i < n; ++i) {
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j <= i; ++j) m = std::max(m, p(i, j));
@@ -92,7 +93,7 @@ Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v,
     const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
     const Matrix kg = k.block(b * s.seq, g * d, s.seq, d);
     const Matrix vg = v.block(b * s.seq, g * d, s.seq, d);
-    out.block(b * s.seq, h * d, s.seq, d).noalias() = causal_probabilities(qh, kg, scale) * vg;
+    out.block(b * s.seq, h * d, s.seq, d) = product(causal_probabilities(qh, kg, scale), vg);
   });
   return out;
 }
@@ -115,12 +116,12 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
     const Matrix doh = dout.block(b * s.seq, h * d, s.seq, d);
     const Matrix p = causal_probabilities(qh, kg, scale);
     // O = P V; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (softmax); S = Q K^T scale.
-    const Matrix dp = doh * vg.transpose();
+    const Matrix dp = product(doh, Op::kPlain, vg, Op::kTransposed);
     const Eigen::VectorXd rows = dp.cwiseProduct(p).rowwise().sum();
     const Matrix ds = p.cwiseProduct(dp.colwise() - rows);
-    g.dq.block(b * s.seq, h * d, s.seq, d).noalias() = ds * kg * scale;
-    dk_parts[bh].noalias() = ds.transpose() * qh * scale;
-    dv_parts[bh].noalias() = p.transpose() * doh;
+    g.dq.block(b * s.seq, h * d, s.seq, d) = product(ds, Op::kPlain, kg, Op::kPlain, scale);
+    dk_parts[bh] = product(ds, Op::kTransposed, qh, Op::kPlain, scale);
+    dv_parts[bh] = product(p, Op::kTransposed, doh, Op::kPlain);
   });
   for_each_row(s.batch * s.kv_heads, [&](int64_t bkv) {
     const int64_t b = bkv / s.kv_heads, kv = bkv % s.kv_heads;

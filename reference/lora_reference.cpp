@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "reference/dense_product.h"
 #include "reference/row_parallel.h"
 
 namespace gradscope::reference {
@@ -26,19 +27,15 @@ Matrix sum(const Matrix& a, const Matrix& b) {
 
 }  // namespace
 
-// The adapter terms are accumulated into the base product by the GEMM itself (noalias
-// +=): no full-size temporary and no serial elementwise pass over [tokens, out] for them.
+// The adapter terms are accumulated into the base product by the GEMM itself (beta = 1):
+// no full-size temporary and no serial elementwise pass over [tokens, out] for them.
 Matrix lora_forward(const Matrix& x, const Projection& p, const Dropout& d) {
   Matrix y(x.rows(), p.weight_t.cols());
-  y.noalias() = x * p.weight_t;
-  if (p.bias.size() > 0) y.rowwise() += p.bias;
-  Matrix xa;  // X_d A^T, [M, r]
-  if (d.p == 0) {
-    xa.noalias() = x * p.lora_A.transpose();
-  } else {
-    xa.noalias() = dropped(x, d) * p.lora_A.transpose();
-  }
-  y.noalias() += (p.scaling * xa) * p.lora_B.transpose();
+  gemm(1.0, x, Op::kPlain, p.weight_t, Op::kPlain, 0.0, y);
+  if (p.bias.size() > 0) for_each_row(y.rows(), [&](int64_t t) { y.row(t) += p.bias; });
+  // X_d A^T, [M, r]
+  const Matrix xa = product(d.p == 0 ? x : dropped(x, d), Op::kPlain, p.lora_A, Op::kTransposed);
+  gemm(p.scaling, xa, Op::kPlain, p.lora_B, Op::kTransposed, 1.0, y);
   return y;
 }
 
@@ -47,17 +44,20 @@ ProjectionGrads lora_backward(const Matrix& x, const Matrix& dy, const Projectio
   Matrix dropped_x;  // only with dropout: X itself otherwise (no copy of a large input)
   if (d.p != 0) dropped_x = dropped(x, d);
   const Matrix& xd = d.p == 0 ? x : dropped_x;
-  const Matrix dyb = p.scaling * (dy * p.lora_B);  // s dY B, [M, r]
+  const Matrix dyb = product(dy, Op::kPlain, p.lora_B, Op::kPlain, p.scaling);  // s dY B, [M, r]
   ProjectionGrads g;
-  g.dx.noalias() = dy * p.weight_t.transpose();
+  g.dx.resize(dy.rows(), p.weight_t.rows());
+  gemm(1.0, dy, Op::kPlain, p.weight_t, Op::kTransposed, 0.0, g.dx);
   // The adapter's input is X_d = X * m / (1 - p): its gradient goes back through the same factor.
   if (d.p == 0) {
-    g.dx.noalias() += dyb * p.lora_A;
+    gemm(1.0, dyb, Op::kPlain, p.lora_A, Op::kPlain, 1.0, g.dx);
   } else {
-    g.dx += dropped(dyb * p.lora_A, d);
+    const Matrix term = dropped(product(dyb, p.lora_A), d);
+    for_each_row(g.dx.rows(), [&](int64_t t) { g.dx.row(t) += term.row(t); });
   }
-  g.dA.noalias() = dyb.transpose() * xd;
-  g.dB.noalias() = p.scaling * dy.transpose() * (xd * p.lora_A.transpose());
+  g.dA = product(dyb, Op::kTransposed, xd, Op::kPlain);
+  g.dB = product(dy, Op::kTransposed, product(xd, Op::kPlain, p.lora_A, Op::kTransposed),
+                 Op::kPlain, p.scaling);
   return g;
 }
 

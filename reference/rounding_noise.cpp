@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "reference/dense_product.h"
 #include "reference/row_parallel.h"
 
 namespace gradscope::reference {
@@ -69,15 +70,14 @@ Matrix product_variance(const MatA& a, const Matrix& var_a, const MatB& b, const
   if (var_a.size() > 0) add_by_rows(left, var_a);
   Matrix v = by_rows(c * ab.cwiseAbs2());
   add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, a.cols())));
-  v.noalias() += left * by_rows(b.cwiseAbs2());
-  if (var_b.size() > 0) v.noalias() += sa * var_b;
+  gemm(1.0, left, Op::kPlain, by_rows(b.cwiseAbs2()), Op::kPlain, 1.0, v);
+  if (var_b.size() > 0) gemm(1.0, sa, Op::kPlain, var_b, Op::kPlain, 1.0, v);
   return v;
 }
 
-// The same for X W with the dequantized weight W rounded once into `weight` (var_W =
+// The same for X op(W) with the dequantized weight W rounded once into `weight` (var_W =
 // u^2 W^2 + subnormal^2, never materialised): one product with (W o W) serves every term.
-template <class MatW>
-Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const MatW& w,
+Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const Matrix& w, Op op_w,
                                const Matrix& xw, const Format& weight, const Format& acc) {
   const Matrix sx = sq(x);
   const double c = accumulation(acc, x.cols());
@@ -86,7 +86,7 @@ Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const MatW&
   if (var_x.size() > 0) add_by_rows(left, var_x);
   Matrix v = by_rows(c * xw.cwiseAbs2());
   add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, x.cols())));
-  v.noalias() += left * by_rows(w.cwiseAbs2());
+  gemm(1.0, left, Op::kPlain, sq(w), op_w, 1.0, v);
   if (weight.subnormal > 0) {
     v.colwise() += (weight.subnormal * weight.subnormal) * sx.rowwise().sum();
   }
@@ -141,26 +141,23 @@ void RoundingNoise::store(const std::string& name, const Matrix& v) {
 // would be wrong by up to a factor 2 either way.
 Matrix composite_variance(const Matrix& var, const Projection& p, const Dropout& d,
                           bool transposed) {
-  const Matrix m = p.lora_A.transpose() * p.lora_B.transpose();  // [in, out]
+  const Matrix m = product(p.lora_A, Op::kTransposed, p.lora_B, Op::kTransposed);  // [in, out]
   const double s = p.scaling;
-  if (d.p == 0) {
-    const Matrix w2 = by_rows((p.weight_t + s * m).cwiseAbs2());
-    return transposed ? Matrix(var * w2.transpose()) : Matrix(var * w2);
-  }
+  const Op op = transposed ? Op::kTransposed : Op::kPlain;
+  if (d.p == 0) return product(var, Op::kPlain, by_rows((p.weight_t + s * m).cwiseAbs2()), op);
   const double c = 1.0 / (1.0 - d.p);
-  const Matrix w2 = by_rows(p.weight_t.cwiseAbs2()), wm = by_rows(p.weight_t.cwiseProduct(m)),
-               m2 = by_rows(m.cwiseAbs2());
+  const Matrix w2 = sq(p.weight_t), wm = by_rows(p.weight_t.cwiseProduct(m)), m2 = sq(m);
   if (!transposed) {
     const Matrix vm = by_rows(var.cwiseProduct(d.mask));
-    Matrix v = var * w2;
-    v.noalias() += (2 * s * c) * (vm * wm);
-    v.noalias() += (s * s * c * c) * (vm * m2);
+    Matrix v = product(var, w2);
+    gemm(2 * s * c, vm, Op::kPlain, wm, Op::kPlain, 1.0, v);
+    gemm(s * s * c * c, vm, Op::kPlain, m2, Op::kPlain, 1.0, v);
     return v;
   }
-  Matrix v = var * w2.transpose();
-  const Matrix vwm = var * wm.transpose();
+  Matrix v = product(var, Op::kPlain, w2, op);
+  const Matrix vwm = product(var, Op::kPlain, wm, op);
   add_by_rows(v, (2 * s * c) * d.mask.cwiseProduct(vwm));
-  const Matrix vm2 = var * m2.transpose();
+  const Matrix vm2 = product(var, Op::kPlain, m2, op);
   add_by_rows(v, (s * s * c * c) * d.mask.cwiseProduct(vm2));
   return v;
 }
@@ -176,11 +173,11 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
   const Matrix xd = dropped(x, d);
   // The adapter path's own roundings: X_d (its 1/(1-p) factor), X_d A^T and L.
   const Matrix var_xd_own = d.p > 0 ? rounding_variance(xd, ad) : Matrix();
-  const Matrix xa = xd * p.lora_A.transpose();
+  const Matrix xa = product(xd, Op::kPlain, p.lora_A, Op::kTransposed);
   const Matrix var_xa_own =
       product_variance(xd, var_xd_own, p.lora_A.transpose(), Matrix(), xa, acc) +
       rounding_variance(xa, ad);
-  const Matrix lora = s * (xa * p.lora_B.transpose());
+  const Matrix lora = product(xa, Op::kPlain, p.lora_B, Op::kTransposed, s);
   Matrix var_lora = by_rows(s2 * product_variance(xa, var_xa_own, p.lora_B.transpose(), Matrix(),
                                                   unscaled(lora, s), acc));
   add_by_rows(var_lora, rounding_variance(lora, ad) + rounding_variance(lora, act));
@@ -190,7 +187,7 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
   Matrix base = by_rows(y - lora);
   if (p.bias.size() > 0) for_each_row(base.rows(), [&](int64_t t) { base.row(t) -= p.bias; });
   ProjectionForwardNoise out;
-  out.y = by_rows(weight_product_variance(x, Matrix(), p.weight_t, base, act, acc) +
+  out.y = by_rows(weight_product_variance(x, Matrix(), p.weight_t, Op::kPlain, base, act, acc) +
                   rounding_variance(base, act));
   if (var_x.size() > 0) add_by_rows(out.y, composite_variance(var_x, p, d, /*transposed=*/false));
   store(name + "/base_output", base);
@@ -201,7 +198,9 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
   add_by_rows(out.y, var_lora + rounding_variance(y, act));
   // X_d A^T's variance for the backward's dB: each element sums independent errors of one row.
   out.xa = var_xa_own;
-  if (var_x.size() > 0) out.xa += dropped_variance(var_x, d) * p.lora_A.transpose().cwiseAbs2();
+  if (var_x.size() > 0) {
+    gemm(1.0, dropped_variance(var_x, d), Op::kPlain, sq(p.lora_A), Op::kTransposed, 1.0, out.xa);
+  }
   store(name + "/adapter_output", lora);
   store(name + "/output", y);
   return out;
@@ -221,25 +220,26 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   const Matrix xd = dropped(x, d);
   Matrix var_xd = dropped_variance(var_x, d);
   if (d.p > 0) var_xd = plus(var_xd, rounding_variance(xd, ad));
-  const Matrix xa = xd * p.lora_A.transpose();
+  const Matrix xa = product(xd, Op::kPlain, p.lora_A, Op::kTransposed);
 
-  const Matrix dyb = dy * p.lora_B;  // [M, r], unscaled
+  const Matrix dyb = product(dy, p.lora_B);  // [M, r], unscaled
   const Matrix var_dyb_own =
       product_variance(dy, Matrix(), p.lora_B, Matrix(), dyb, acc) + rounding_variance(dyb, ad);
   Matrix var_dyb = var_dyb_own;  // each element sums independent errors of one row of dY
-  if (var_dy.size() > 0) var_dyb += var_dy * p.lora_B.cwiseAbs2();
+  if (var_dy.size() > 0) gemm(1.0, var_dy, Op::kPlain, sq(p.lora_B), Op::kPlain, 1.0, var_dyb);
 
   ProjectionGradsNoise g;
   // The adapter's share of dX with its own roundings, then the base product dY W (the
   // reference's dX less that share); dY's own error through both together.
-  const Matrix ba = dyb * p.lora_A;
+  const Matrix ba = product(dyb, p.lora_A);
   Matrix var_term = by_rows(s2 * product_variance(dyb, var_dyb_own, p.lora_A, Matrix(), ba, acc));
   const Matrix term = dropped(s * ba, d);
   var_term = dropped_variance(var_term, d);
   add_by_rows(var_term, rounding_variance(term, ad) + rounding_variance(term, act));
   const Matrix dx_base = by_rows(grads.dx - term);
-  g.dx = by_rows(weight_product_variance(dy, Matrix(), p.weight_t.transpose(), dx_base, act, acc) +
-                 rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act));
+  g.dx = by_rows(
+      weight_product_variance(dy, Matrix(), p.weight_t, Op::kTransposed, dx_base, act, acc) +
+      rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act));
   if (var_dy.size() > 0) add_by_rows(g.dx, composite_variance(var_dy, p, d, /*transposed=*/true));
 
   const Matrix dyb_t = dyb.transpose(), var_dyb_t = var_dyb.transpose();
@@ -531,8 +531,8 @@ namespace {
 // sum_j A_ij (X_jd - Y_id)^2 for A [n, n], X [n, d], Y [n, d]: the spread of X's rows about
 // Y_i weighted by A's row i, expanded into products: (A X^2) - 2 Y o (A X) + Y^2 o rowsum(A).
 Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y) {
-  Matrix out = a * x.cwiseAbs2();
-  out -= 2 * y.cwiseProduct(a * x);
+  Matrix out = product(a, sq(x));
+  out -= 2 * y.cwiseProduct(product(a, x));
   out += (y.cwiseAbs2().array().colwise() * a.rowwise().sum().array()).matrix();
   return out.cwiseMax(0.0);
 }
@@ -550,7 +550,7 @@ AttentionBlock attention_block(const Matrix& q, const Matrix& k, const Matrix& v
                                const Format& acc) {
   AttentionBlock blk{q, k, v, vq, vk, vv, {}, {}, {}, {}, scale};
   const int64_t n = q.rows();
-  blk.scores = scale * (q * k.transpose());
+  blk.scores = product(q, Op::kPlain, k, Op::kTransposed, scale);
   // Per (i, j) independent errors of a score: K_j's error seen through Q_i, the product's
   // accumulation, its rounding into the activation format and exp's own relative error.
   blk.v_scores = (scale * scale) * product_variance(q, Matrix(), k.transpose(),
@@ -566,13 +566,13 @@ AttentionBlock attention_block(const Matrix& q, const Matrix& k, const Matrix& v
     for (int64_t j = 0; j <= i; ++j) sum += (blk.p(i, j) = std::exp(blk.scores(i, j) - m));
     blk.p.row(i) /= sum;
   }
-  blk.o = blk.p * v;
+  blk.o = product(blk.p, v);
   return blk;
 }
 
 // Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to.
 Matrix key_spread(const AttentionBlock& b) {
-  return centred_spread(b.p, b.k, b.p * b.k);
+  return centred_spread(b.p, b.k, product(b.p, b.k));
 }
 
 }  // namespace
@@ -604,14 +604,15 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
       v_o +=
           (scale * scale) * (centred_spread(a.p, a.v, a.o).array().colwise() * t.array()).matrix();
     }
-    if (a.vv.size() > 0) v_o += p2 * a.vv;  // V_j's error through P_ij
+    if (a.vv.size() > 0) v_o += product(p2, a.vv);  // V_j's error through P_ij
     // P rounded into the activation format before the product; the normalising sum of i + 1
     // positive terms (a relative error shared by the row); O's accumulation and rounding.
-    v_o += rounding_variance(a.p, act) * a.v.cwiseAbs2();
+    const Matrix v2 = sq(a.v);
+    v_o += product(rounding_variance(a.p, act), v2);
     Eigen::VectorXd rows(s.seq);
     for (int64_t i = 0; i < s.seq; ++i) rows(i) = ua2 * static_cast<double>(i + 2);
     v_o += (a.o.cwiseAbs2().array().colwise() * rows.array()).matrix();
-    v_o += accumulation(acc, s.seq) * (p2 * a.v.cwiseAbs2() + a.o.cwiseAbs2());
+    v_o += accumulation(acc, s.seq) * (product(p2, v2) + a.o.cwiseAbs2());
     var.block(b * s.seq, h * d, s.seq, d) = v_o + rounding_variance(a.o, act);
   });
   if (max_score) *max_score = *std::max_element(score_max.begin(), score_max.end());
@@ -644,15 +645,16 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
     const Matrix doh = blk(dout, h), vdo = blk(var_dout, h);
     const Matrix& p = a.p;
     const Matrix p2 = p.cwiseAbs2();
-    const Matrix dp = doh * a.v.transpose();
+    const Matrix k2 = sq(a.k), q2 = sq(a.q), do2 = sq(doh);
+    const Matrix dp = product(doh, Op::kPlain, a.v, Op::kTransposed);
     const Eigen::VectorXd c = dp.cwiseProduct(p).rowwise().sum();
     const Matrix ds = p.cwiseProduct(dp.colwise() - c);
-    const Matrix kbar = p * a.k;
+    const Matrix kbar = product(p, a.k);
     // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
     // seen through dO_i.
     Matrix e = product_variance(doh, Matrix(), a.v.transpose(), Matrix(), dp, acc) +
                rounding_variance(dp, act);
-    if (a.vv.size() > 0) e += doh.cwiseAbs2() * a.vv.transpose();
+    if (a.vv.size() > 0) e += product(do2, Op::kPlain, a.vv, Op::kTransposed);
     // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
     const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
     const Matrix var_ds_e =
@@ -662,7 +664,7 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
     // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
     // accumulation (shared by the row) and dS's own rounding.
     Matrix v_scores = a.v_scores;
-    if (a.vq.size() > 0) v_scores += s2 * (a.vq * a.k.transpose().cwiseAbs2());
+    if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, k2, Op::kTransposed, s2);
     Matrix sp, var_p;
     softmax_variance(a.scores, v_scores, act, acc, sp, var_p);
     const Matrix centred = dp.colwise() - c;
@@ -678,43 +680,42 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
     // dQ = scale dS K: e exactly, through the keys centred on the row's mean key; the rest of
     // dS element by element; K's own error; dO's error (shared by row i) bounded by
     // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
-    const Matrix dqh = scale * (ds * a.k);
+    const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
+    const Matrix ds2 = sq(ds);
     Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
-    v_dq += s2 * (var_ds_rest * a.k.cwiseAbs2());
-    if (a.vk.size() > 0) v_dq += s2 * (ds.cwiseAbs2() * a.vk);
+    v_dq += product(var_ds_rest, Op::kPlain, k2, Op::kPlain, s2);
+    if (a.vk.size() > 0) v_dq += product(ds2, Op::kPlain, a.vk, Op::kPlain, s2);
     if (vdo.size() > 0) {
       const Eigen::VectorXd w = (vdo.cwiseProduct(centred_spread(p, a.v, a.o))).rowwise().sum();
       v_dq += s2 * (key_spread(a).array().colwise() * w.array()).matrix();
     }
-    v_dq += s2 * accumulation(acc, s.seq) *
-            (ds.cwiseAbs2() * a.k.cwiseAbs2() + (dqh / scale).cwiseAbs2());
+    v_dq += s2 * accumulation(acc, s.seq) * (product(ds2, k2) + (dqh / scale).cwiseAbs2());
     out.dq_value.block(b * s.seq, h * d, s.seq, d) = dqh;
     out.dq.block(b * s.seq, h * d, s.seq, d) = v_dq + rounding_variance(dqh, act);
     const Matrix var_ds = var_ds_e + var_ds_rest;
 
     // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
     // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; Q's own error.
-    const Matrix ds_t = ds.transpose();
-    dk_parts[bh] = scale * (ds_t * a.q);
-    Matrix v_dk = s2 * (var_ds.transpose() * a.q.cwiseAbs2());
+    dk_parts[bh] = product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
+    Matrix v_dk = product(var_ds, Op::kTransposed, q2, Op::kPlain, s2);
     if (vdo.size() > 0) {
       // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
-      Matrix g = vdo * a.v.transpose().cwiseAbs2();
-      g -= 2 * (vdo.cwiseProduct(a.o) * a.v.transpose());
+      Matrix g = product(vdo, Op::kPlain, sq(a.v), Op::kTransposed);
+      g -= product(vdo.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
       g.colwise() += vdo.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
-      v_dk += s2 * (p2.cwiseProduct(g.cwiseMax(0.0)).transpose() * a.q.cwiseAbs2());
+      v_dk += product(p2.cwiseProduct(g.cwiseMax(0.0)), Op::kTransposed, q2, Op::kPlain, s2);
     }
-    if (a.vq.size() > 0) v_dk += s2 * (ds_t.cwiseAbs2() * a.vq);
+    if (a.vq.size() > 0) v_dk += product(ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
     v_dk += s2 * accumulation(acc, s.seq) *
-            (ds_t.cwiseAbs2() * a.q.cwiseAbs2() + (dk_parts[bh] / scale).cwiseAbs2());
+            (product(ds2, Op::kTransposed, q2, Op::kPlain) + (dk_parts[bh] / scale).cwiseAbs2());
     var_dk_parts[bh] = v_dk + rounding_variance(dk_parts[bh], act);
 
     // dV = P^T dO: dO's error exactly, P's element by element, the accumulation.
-    dv_parts[bh] = p.transpose() * doh;
-    Matrix v_dv = var_p.transpose() * doh.cwiseAbs2();
-    if (vdo.size() > 0) v_dv += p2.transpose() * vdo;
-    v_dv +=
-        accumulation(acc, s.seq) * (p2.transpose() * doh.cwiseAbs2() + dv_parts[bh].cwiseAbs2());
+    dv_parts[bh] = product(p, Op::kTransposed, doh, Op::kPlain);
+    Matrix v_dv = product(var_p, Op::kTransposed, do2, Op::kPlain);
+    if (vdo.size() > 0) v_dv += product(p2, Op::kTransposed, vdo, Op::kPlain);
+    v_dv += accumulation(acc, s.seq) *
+            (product(p2, Op::kTransposed, do2, Op::kPlain) + dv_parts[bh].cwiseAbs2());
     var_dv_parts[bh] = v_dv + rounding_variance(dv_parts[bh], act);
   });
   // The heads of a group add their shares of dK and dV, each partial sum rounded.
@@ -846,7 +847,7 @@ Matrix RoundingNoise::token_losses(const CausalLm& m, const std::vector<int64_t>
   }
   const Matrix var_n = rmsnorm_variance(h, var_h, m.final_norm, act, acc);
   const Matrix n = rmsnorm_forward(h, m.final_norm);
-  const Matrix logits = n * m.lm_head.transpose();
+  const Matrix logits = product(n, Op::kPlain, m.lm_head, Op::kTransposed);
   const Matrix var_logits =
       product_variance(n, var_n, m.lm_head.transpose(), Matrix(), logits, acc) +
       rounding_variance(logits, act);

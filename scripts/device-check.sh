@@ -28,6 +28,8 @@ check_deadline=$((SECONDS + ${CHECK_SECONDS:-570}))
 # GPUs this process may use (MIG instances and CUDA_VISIBLE_DEVICES included).
 gpu_count=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 OUT=${1:?usage: device-check.sh OUTDIR}
+# The OpenBLAS wheel carried in .devdeps (scripts/fill-devdeps.sh), for the Python package.
+[[ -d .devdeps/python ]] && export PYTHONPATH=$PWD/.devdeps/python${PYTHONPATH:+:$PYTHONPATH}
 BUILD_DIR=${BUILD_DIR:-build-device}
 mkdir -p "$OUT"
 status=0

@@ -9,7 +9,10 @@ int main(int argc, char** argv) {
   // Cases allocate and free large matrices over and over; glibc maps each from the kernel and
   // unmaps it on free, so every new one is page-faulted and zeroed again. A heap that keeps
   // freed memory serves them instead (figures: docs/performance.md); resident memory stays at
-  // its high-water mark. This governs the main arena, where the CPU phases' matrices live.
+  // its high-water mark. One arena for every thread: the reference's threads allocate their
+  // own matrices (attention's per-head blocks), and a thread's arena would hand its freed
+  // memory back to the kernel and fault it in again instead.
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
   // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the output code

@@ -23,6 +23,11 @@ except OSError:
     pass
 
 import torch  # noqa: E402,F401  (loads libtorch before the extension that links it)
+import scipy_openblas32  # noqa: E402  (the reference's BLAS, a dependency)
+
+# The extension links the reference's BLAS, which lives in that package's folder: loaded here by
+# its path, as torch is for libtorch, since the extension carries no search path to it.
+ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True)))
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
 from .api import Case, Check, GradscopeInputError, check, define_ops, list_cases, main

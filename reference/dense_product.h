@@ -1,0 +1,33 @@
+// The reference's large fp64 matrix products, C = alpha op(A) op(B) + beta C, at the speed of a
+// tuned BLAS and with values that do not depend on the thread count (docs/verification.md,
+// "The reference's products").
+//
+// C is cut into a grid of tiles fixed by C's shape alone; each tile is one single-threaded DGEMM
+// (OpenBLAS) over the whole inner dimension, and the tiles are handed to the OpenMP threads one
+// at a time as each finishes the last (a static split runs well below a tuned BLAS's speed).
+// Every element is therefore computed by the same call on the same operands whatever the
+// thread count or the schedule: threads change the speed, never a value. Inside another
+// parallel region (attention's heads) the tiles run on the calling thread.
+#pragma once
+
+#include "reference/gptq_reference.h"
+
+namespace gradscope::reference {
+
+enum class Op { kPlain, kTransposed };
+
+// C = alpha op(A) op(B) + beta C. C must already have the product's shape and must not share
+// memory with A or B; with beta == 0 its values are not read (they may be uninitialised).
+void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, double beta, Matrix& c);
+
+// alpha op(A) op(B), a new matrix.
+Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha = 1.0);
+inline Matrix product(const Matrix& a, const Matrix& b) {
+  return product(a, Op::kPlain, b, Op::kPlain);
+}
+
+// The tile grid's shape, rows x columns of C (exposed for the tests and the benchmark).
+inline constexpr int64_t kTileRows = 192;
+inline constexpr int64_t kTileCols = 768;
+
+}  // namespace gradscope::reference
