@@ -253,25 +253,6 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   return g;
 }
 
-QkvNoise RoundingNoise::qkv(const Matrix& x, const Matrix& dq, const Matrix& dk, const Matrix& dv,
-                            const Projection& q, const Projection& k, const Projection& v,
-                            const Dropout& d, const QkvOutputs& out, const QkvGrads& grads) {
-  QkvNoise n;
-  const Matrix none;
-  const auto fq = lora_forward(x, none, q, d, out.q, "q_proj");
-  const auto fk = lora_forward(x, none, k, d, out.k, "k_proj");
-  const auto fv = lora_forward(x, none, v, d, out.v, "v_proj");
-  n.q = fq.y, n.k = fk.y, n.v = fv.y;
-  n.gq = lora_backward(x, none, dq, none, q, d, fq, grads.q, "q_proj");
-  n.gk = lora_backward(x, none, dk, none, k, d, fk, grads.k, "k_proj");
-  n.gv = lora_backward(x, none, dv, none, v, d, fv, grads.v, "v_proj");
-  // The three shares added, each sum rounded.
-  n.dx = by_rows(n.gq.dx + n.gk.dx + n.gv.dx +
-                 rounding_variance(grads.q.dx + grads.k.dx, p_.activation) +
-                 rounding_variance(grads.dx, p_.activation));
-  return n;
-}
-
 namespace {
 
 // SwiGLU's element values: silu(e), its first and second derivatives.

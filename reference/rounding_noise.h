@@ -60,10 +60,6 @@ struct ProjectionForwardNoise {
 struct ProjectionGradsNoise {
   Matrix dx, dA, dB;
 };
-struct QkvNoise {
-  Matrix q, k, v, dx;
-  ProjectionGradsNoise gq, gk, gv;
-};
 struct MlpNoise {
   Matrix y, dx;
   ProjectionGradsNoise gate, up, down;
@@ -137,10 +133,6 @@ class RoundingNoise {
                                      const Matrix& var_dy, const Projection& proj, const Dropout& d,
                                      const ProjectionForwardNoise& forward,
                                      const ProjectionGrads& grads, const std::string& name);
-  // The three projections of one exact input with exact output gradients.
-  QkvNoise qkv(const Matrix& x, const Matrix& dq, const Matrix& dk, const Matrix& dv,
-               const Projection& q, const Projection& k, const Projection& v, const Dropout& d,
-               const QkvOutputs& outputs, const QkvGrads& grads);
   // The SwiGLU MLP on an exact input with an exact output gradient.
   MlpNoise mlp(const MlpTape& tape, const Matrix& x, const Matrix& dy, const Projection& gate,
                const Projection& up, const Projection& down, const Dropout& dx, const Dropout& dh,

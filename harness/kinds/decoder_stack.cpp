@@ -32,15 +32,7 @@ void validate(const CaseSpec& s, const std::string& kind) {
   tb::validate(s);
   const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
                 kv = s.get_int("kv_heads"), inter = s.get_int("intermediate");
-  if (hidden % heads != 0 || (hidden / heads) % 2 != 0) {
-    throw_field_error(s, "heads",
-                      "must divide hidden " + std::to_string(hidden) +
-                          " into heads of even width (RoPE pairs), got " + std::to_string(heads));
-  }
-  if (heads % kv != 0) {
-    throw_field_error(s, "kv_heads",
-                      "must divide heads " + std::to_string(heads) + ", got " + std::to_string(kv));
-  }
+  tb::validate_heads(s, /*rope=*/true);
   if (s.get_float("dropout") != 0.0) {
     throw_field_error(s, "dropout", "must be 0 for kind " + kind + " (dropout is checked per op)");
   }

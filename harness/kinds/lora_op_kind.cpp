@@ -46,11 +46,15 @@ class LoraOpTestbed final : public Testbed {
   void prod() override { run(Role::kProd, prod_); }
   void base() override { run(Role::kBase, base_); }
 
-  void ref() override { ref_ = decl_.ref ? decl_.ref(ref_args()) : linear_ref(); }
+  void ref() override {
+    ref_ = decl_.ref ? decl_.ref(ref_args()) : mlp() ? mlp_ref() : linear_ref();
+  }
 
   void floor() override {
     noise_.emplace(precision(c_));
-    floor_ = decl_.floor ? decl_.floor(*noise_, ref_args(), ref_) : linear_floor();
+    floor_ = decl_.floor ? decl_.floor(*noise_, ref_args(), ref_)
+             : mlp()     ? mlp_floor()
+                         : linear_floor();
   }
 
   void verify(CaseResult& out) override {
@@ -98,6 +102,10 @@ class LoraOpTestbed final : public Testbed {
       pass.outputs = decl_.prod(impl::Ops(context_.options.impl), args);
     } else if (decl_.base) {
       pass.outputs = decl_.base(args);
+    } else if (mlp()) {
+      pass.outputs["down_proj"] = baseline::lora_mlp(
+          args.x, args.projection("gate_proj"), args.projection("up_proj"),
+          args.projection("down_proj"), args.dropout("dropout.x"), args.dropout("dropout.h"));
     } else {
       for (const auto& o : shape_.outputs) {
         pass.outputs[o.name] = baseline::lora_linear(args.x, args.projection(o.name),
@@ -114,52 +122,126 @@ class LoraOpTestbed final : public Testbed {
 
   RefArgs ref_args() const { return {x_.ref, projection_of_, output_grad_of_, dropout_of_}; }
 
-  // The default reference and floor: the kind is one LoRA linear, its output named after its
-  // projection, with the first dropout mask.
+  // The default reference and floor: each output is the LoRA linear of x through the
+  // projection of its name, with the first dropout mask, and x's gradient is the sum of their
+  // input gradients in output order (LoRA_QKV: q, then k, then v).
   struct Linear {
     std::string name;
     const reference::Projection& p;
-    const reference::Dropout& drop;
     const reference::Matrix& dy;
   };
-  Linear linear() const {
-    if (shape_.projections.size() != 1 || shape_.outputs.size() != 1) {
-      throw std::logic_error(decl_.kind + ": more than one projection or output needs its own ref");
+  std::vector<Linear> linears() const {
+    if (shape_.projections.size() != shape_.outputs.size()) {
+      throw std::logic_error(decl_.kind +
+                             ": an output named after each projection, or its own ref and floor");
     }
-    const auto& name = shape_.projections[0].name;
     const RefArgs a = ref_args();
-    return {name, a.projection(name), a.dropout(shape_.dropouts.at(0).name),
-            a.output_grad(shape_.outputs[0].grad)};
+    std::vector<Linear> out;
+    for (const auto& o : shape_.outputs) {
+      out.push_back({o.name, a.projection(o.name), a.output_grad(o.grad)});
+    }
+    return out;
   }
-  struct LinearRef {
-    reference::Matrix y;
-    reference::ProjectionGrads g;
+  const reference::Dropout& first_dropout() const {
+    return ref_args().dropout(shape_.dropouts.at(0).name);
+  }
+  struct LinearsRef {
+    std::vector<reference::Matrix> y;
+    std::vector<reference::ProjectionGrads> g;
+    reference::Matrix dx;  // with more than one output
   };
   RefResult linear_ref() const {
-    const Linear l = linear();
+    const auto linear = linears();
+    LinearsRef v;
+    for (const auto& l : linear)
+      v.y.push_back(reference::lora_forward(x_.ref, l.p, first_dropout()));
+    for (const auto& l : linear) {
+      v.g.push_back(reference::lora_backward(x_.ref, l.dy, l.p, first_dropout()));
+    }
+    if (v.g.size() > 1) {
+      v.dx = v.g[0].dx + v.g[1].dx;
+      for (size_t i = 2; i < v.g.size(); ++i) v.dx += v.g[i].dx;
+    }
     RefResult r;
-    auto& v = r.own(LinearRef{reference::lora_forward(x_.ref, l.p, l.drop),
-                              reference::lora_backward(x_.ref, l.dy, l.p, l.drop)});
-    r.outputs = {{l.name, &v.y}};
-    r.dx = &v.g.dx;
-    r.grads = {{l.name, &v.g}};
+    auto& owned = r.own(std::move(v));
+    for (size_t i = 0; i < linear.size(); ++i) {
+      r.outputs[linear[i].name] = &owned.y[i];
+      r.grads[linear[i].name] = &owned.g[i];
+    }
+    r.dx = linear.size() == 1 ? &owned.g[0].dx : &owned.dx;
     return r;
   }
-  struct LinearFloor {
-    reference::ProjectionForwardNoise y;
-    reference::ProjectionGradsNoise g;
+  struct LinearsFloor {
+    std::vector<reference::ProjectionForwardNoise> y;
+    std::vector<reference::ProjectionGradsNoise> g;
+    reference::Matrix dx;  // with more than one output
   };
   FloorResult linear_floor() {
-    const Linear l = linear();
-    const auto& ref = ref_.as<LinearRef>();
-    const reference::Matrix exact;  // x and dy are inputs, not rounded intermediates
+    const auto linear = linears();
+    const auto& ref = ref_.as<LinearsRef>();
+    const reference::Matrix exact;  // x and the output gradients are inputs, not intermediates
+    LinearsFloor v;
+    for (size_t i = 0; i < linear.size(); ++i) {
+      const auto& l = linear[i];
+      v.y.push_back(noise_->lora_forward(x_.ref, exact, l.p, first_dropout(), ref.y[i], l.name));
+    }
+    for (size_t i = 0; i < linear.size(); ++i) {
+      const auto& l = linear[i];
+      v.g.push_back(noise_->lora_backward(x_.ref, exact, l.dy, exact, l.p, first_dropout(), v.y[i],
+                                          ref.g[i], l.name));
+    }
+    if (linear.size() > 1) {
+      // The shares' variances, then each partial sum's rounding (the last is x's gradient).
+      v.dx = v.g[0].dx;
+      for (size_t i = 1; i < v.g.size(); ++i) v.dx += v.g[i].dx;
+      const auto& act = precision(c_).activation;
+      reference::Matrix partial = ref.g[0].dx;
+      for (size_t i = 1; i < v.g.size(); ++i) {
+        partial += ref.g[i].dx;
+        v.dx += reference::rounding_variance(partial, act);
+      }
+    }
     FloorResult f;
-    auto& v =
-        f.own(LinearFloor{noise_->lora_forward(x_.ref, exact, l.p, l.drop, ref.y, l.name), {}});
-    v.g = noise_->lora_backward(x_.ref, exact, l.dy, exact, l.p, l.drop, v.y, ref.g, l.name);
-    f.outputs = {{l.name, &v.y.y}};
-    f.dx = &v.g.dx;
-    f.grads = {{l.name, &v.g}};
+    auto& owned = f.own(std::move(v));
+    for (size_t i = 0; i < linear.size(); ++i) {
+      f.outputs[linear[i].name] = &owned.y[i].y;
+      f.grads[linear[i].name] = &owned.g[i];
+    }
+    f.dx = linear.size() == 1 ? &owned.g[0].dx : &owned.dx;
+    return f;
+  }
+
+  bool mlp() const { return decl_.body == LoraOpDecl::Body::kSwigluMlp; }
+  // The SwiGLU MLP's reference (its tape kept for the floor) and floor.
+  struct MlpRef {
+    reference::MlpTape tape;
+    reference::Matrix y;
+    reference::MlpGrads g;
+  };
+  RefResult mlp_ref() const {
+    const RefArgs a = ref_args();
+    const auto &gate = a.projection("gate_proj"), &up = a.projection("up_proj"),
+               &down = a.projection("down_proj");
+    const auto &dx = a.dropout("dropout.x"), &dh = a.dropout("dropout.h");
+    RefResult r;
+    auto& v = r.own(MlpRef{reference::mlp_tape(a.x, gate, up, dx), {}, {}});
+    v.y = reference::lora_forward(reference::swiglu(v.tape.e, v.tape.g), down, dh);
+    v.g = reference::mlp_backward(v.tape, a.x, a.output_grad("dy"), gate, up, down, dx, dh);
+    r.outputs = {{"down_proj", &v.y}};
+    r.dx = &v.g.dx;
+    r.grads = {{"gate_proj", &v.g.gate}, {"up_proj", &v.g.up}, {"down_proj", &v.g.down}};
+    return r;
+  }
+  FloorResult mlp_floor() {
+    const RefArgs a = ref_args();
+    const auto& ref = ref_.as<MlpRef>();
+    FloorResult f;
+    auto& n = f.own(noise_->mlp(ref.tape, a.x, a.output_grad("dy"), a.projection("gate_proj"),
+                                a.projection("up_proj"), a.projection("down_proj"),
+                                a.dropout("dropout.x"), a.dropout("dropout.h"), ref.y, ref.g));
+    f.outputs = {{"down_proj", &n.y}};
+    f.dx = &n.dx;
+    f.grads = {{"gate_proj", &n.gate}, {"up_proj", &n.up}, {"down_proj", &n.down}};
     return f;
   }
 
@@ -206,7 +288,8 @@ KindDecl lora_op_kind(LoraOpDecl op) {
   // The default floor reads the default reference's results: one without the other is a
   // declaration error, caught when the kind is registered rather than in a case.
   if (static_cast<bool>(op.ref) != static_cast<bool>(op.floor)) {
-    throw std::logic_error(op.kind + ": declare both ref and floor, or neither (one LoRA linear)");
+    throw std::logic_error(op.kind +
+                           ": declare both ref and floor, or neither (a LoRA linear per output)");
   }
   KindDecl k;
   k.name = op.kind;

@@ -88,7 +88,13 @@ using RefResult = NamedResults<reference::ProjectionGrads>;
 using FloorResult = NamedResults<reference::ProjectionGradsNoise>;
 
 struct LoraOpDecl {
-  std::string kind;               // also the first part of the case id
+  // What the op computes, for the default base, reference and floor: each output the LoRA
+  // linear of x through the projection of its name (kLinears), or a SwiGLU MLP,
+  // down_proj(silu(gate_proj(x)) up_proj(x)) with masks dropout.x and dropout.h, its output
+  // named down_proj and its output gradient dy (kSwigluMlp).
+  enum class Body { kLinears, kSwigluMlp };
+  std::string kind;  // also the first part of the case id
+  Body body = Body::kLinears;
   std::string module;             // checks sit under <id>/layer0/<module>/
   std::vector<FieldSpec> fields;  // before the testbed's common fields
   std::vector<std::string> prod_ops;
@@ -96,11 +102,10 @@ struct LoraOpDecl {
   std::function<LoraOpShape(const CaseSpec&)> shape;
   std::function<void(const CaseSpec&)> validate;  // the kind's own rules; may be unset
   std::function<Named<at::Tensor>(const impl::Ops&, const OpArgs&)> prod;
-  // Unset: each output is the unfused LoRA linear of x through the projection of its name,
-  // with the first dropout.
+  // Unset: the unfused ATen composition of the body (kLinears: with the first dropout).
   std::function<Named<at::Tensor>(const OpArgs&)> base;
-  // Unset (both): the kind is one LoRA linear, its output named after its one projection,
-  // with the first dropout.
+  // Unset (both): the body's (kLinears: with the first dropout, x's gradient the sum of the
+  // outputs' in output order).
   std::function<RefResult(const RefArgs&)> ref;
   std::function<FloorResult(reference::RoundingNoise&, const RefArgs&, const RefResult&)> floor;
   // The kind's own fields of a sampled case (KindDecl::sample), before the exact zeros in x.

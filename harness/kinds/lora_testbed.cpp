@@ -56,6 +56,22 @@ double reference_projection_bytes(const CaseSpec& spec, int64_t in, int64_t out)
   return 8.0 * (double(in) * double(out) + 2.0 * tokens * double(in + out));
 }
 
+void validate_heads(const CaseSpec& s, bool rope) {
+  const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
+                kv = s.get_int("kv_heads");
+  if (hidden % heads != 0 || (rope && (hidden / heads) % 2 != 0)) {
+    throw_field_error(s, "heads",
+                      "must divide hidden " + std::to_string(hidden) +
+                          (rope ? " into heads of even width (RoPE pairs)" : "") + ", got " +
+                          std::to_string(heads));
+  }
+  if (heads % kv != 0) {
+    throw_field_error(s, "kv_heads",
+                      "must divide heads " + std::to_string(heads) +
+                          " (grouped-query attention), got " + std::to_string(kv));
+  }
+}
+
 void validate(const CaseSpec& spec) {
   validate_gptq_fields(spec);
   if (spec.get_float("dropout") >= 1.0) {

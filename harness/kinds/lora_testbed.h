@@ -34,6 +34,9 @@ int64_t case_tokens(const CaseSpec& spec);
 // GPTQ fields.
 std::vector<FieldSpec> fields();
 void validate(const CaseSpec& spec);
+// heads divides hidden (into heads of even width where RoPE rotates pairs of features) and
+// kv_heads divides heads (grouped-query attention).
+void validate_heads(const CaseSpec& spec, bool rope);
 
 struct Config {
   at::ScalarType dtype;

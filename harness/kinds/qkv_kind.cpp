@@ -24,20 +24,7 @@ KindDecl qkv_kind() {
     return "h" + std::to_string(s.get_int("hidden")) + ".q" + std::to_string(s.get_int("heads")) +
            "kv" + std::to_string(s.get_int("kv_heads"));
   };
-  k.validate = [](const CaseSpec& s) {
-    const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
-                  kv = s.get_int("kv_heads");
-    if (hidden % heads != 0) {
-      throw_field_error(
-          s, "heads",
-          "must divide hidden " + std::to_string(hidden) + ", got " + std::to_string(heads));
-    }
-    if (heads % kv != 0) {
-      throw_field_error(s, "kv_heads",
-                        "must divide heads " + std::to_string(heads) +
-                            " (grouped-query attention), got " + std::to_string(kv));
-    }
-  };
+  k.validate = [](const CaseSpec& s) { validate_heads(s, /*rope=*/false); };
   k.shape = [](const CaseSpec& s) {
     const int64_t hidden = s.get_int("hidden");
     const int64_t kv = hidden / s.get_int("heads") * s.get_int("kv_heads");
@@ -53,34 +40,6 @@ KindDecl qkv_kind() {
     const auto y = ops.lora_qkv(a.x, a.projection("q_proj"), a.projection("k_proj"),
                                 a.projection("v_proj"), a.lora, a.dropout("dropout.x"));
     return Named<at::Tensor>{{"q_proj", y[0]}, {"k_proj", y[1]}, {"v_proj", y[2]}};
-  };
-  struct Ref {
-    reference::QkvOutputs y;
-    reference::QkvGrads g;
-  };
-  k.ref = [](const RefArgs& a) {
-    const auto &q = a.projection("q_proj"), &kp = a.projection("k_proj"),
-               &v = a.projection("v_proj");
-    const auto& drop = a.dropout("dropout.x");
-    RefResult r;
-    auto& out = r.own(Ref{reference::qkv_forward(a.x, q, kp, v, drop),
-                          reference::qkv_backward(a.x, a.output_grad("dq"), a.output_grad("dk"),
-                                                  a.output_grad("dv"), q, kp, v, drop)});
-    r.outputs = {{"q_proj", &out.y.q}, {"k_proj", &out.y.k}, {"v_proj", &out.y.v}};
-    r.dx = &out.g.dx;
-    r.grads = {{"q_proj", &out.g.q}, {"k_proj", &out.g.k}, {"v_proj", &out.g.v}};
-    return r;
-  };
-  k.floor = [](reference::RoundingNoise& noise, const RefArgs& a, const RefResult& r) {
-    const auto& ref = r.as<Ref>();
-    FloorResult f;
-    auto& n = f.own(noise.qkv(a.x, a.output_grad("dq"), a.output_grad("dk"), a.output_grad("dv"),
-                              a.projection("q_proj"), a.projection("k_proj"),
-                              a.projection("v_proj"), a.dropout("dropout.x"), ref.y, ref.g));
-    f.outputs = {{"q_proj", &n.q}, {"k_proj", &n.k}, {"v_proj", &n.v}};
-    f.dx = &n.dx;
-    f.grads = {{"q_proj", &n.gq}, {"k_proj", &n.gk}, {"v_proj", &n.gv}};
-    return f;
   };
   k.sample = [](CaseDraw& d) {
     const int64_t bits = field_draws::gptq(d);
