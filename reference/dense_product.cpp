@@ -12,6 +12,10 @@
 namespace gradscope::reference {
 namespace {
 
+// The wheel's OpenBLAS keeps packing buffers for 64 threads (MAX_THREADS=64); more threads
+// calling it at once can exhaust them, which OpenBLAS answers by terminating the process.
+constexpr int kMaxCallingThreads = 64;
+
 // OpenBLAS runs each call on the calling thread: the tiles are the parallelism.
 void single_threaded_blas() {
   static std::once_flag once;
@@ -65,7 +69,7 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
                           tb ? CblasTrans : CblasNoTrans, mt, nt, kk, alpha, pa, lda, pb, ldb, beta,
                           c.data() + i * c.cols() + j, ldc);
       },
-      /*dynamic=*/true);
+      /*dynamic=*/true, kMaxCallingThreads);
 }
 
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha) {

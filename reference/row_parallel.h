@@ -13,11 +13,11 @@
 namespace gradscope::reference {
 
 // `dynamic`: each thread takes the next item when it is done with one (items whose cost varies
-// with what the other threads are doing, e.g. GEMM tiles sharing memory bandwidth); else the
-// items are dealt out in equal contiguous chunks. Which thread computes an item never changes
-// what it computes.
+// with what the other threads are doing, e.g. GEMM tiles sharing memory bandwidth), on at most
+// `max_threads` threads (0: no bound); else the items are dealt out in equal contiguous chunks.
+// Which thread computes an item never changes what it computes.
 template <class Body>
-void for_each_row(int64_t rows, const Body& body, bool dynamic = false) {
+void for_each_row(int64_t rows, const Body& body, bool dynamic = false, int max_threads = 0) {
   // An exception may not leave an OpenMP region (it would terminate the process): the
   // first one is kept and rethrown on the calling thread, e.g. an allocation failure.
   std::exception_ptr error;
@@ -34,7 +34,10 @@ void for_each_row(int64_t rows, const Body& body, bool dynamic = false) {
   if (rows <= 1 || omp_get_level() > 0) {
     for (int64_t row = 0; row < rows; ++row) body(row);
   } else if (dynamic) {
-#pragma omp parallel for schedule(dynamic, 1)
+    const int threads = max_threads > 0 && max_threads < omp_get_max_threads()
+                            ? max_threads
+                            : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t row = 0; row < rows; ++row) guarded(row);
   } else {
 #pragma omp parallel for schedule(static)
