@@ -26,7 +26,7 @@ inline Matrix product(const Matrix& a, const Matrix& b) {
   return product(a, Op::kPlain, b, Op::kPlain);
 }
 
-// The tile grid's shape, rows x columns of C (exposed for the tests and the benchmark).
+// The tile grid's shape, rows x columns of C (exposed for the tests at the tiles' edges).
 inline constexpr int64_t kTileRows = 192;
 inline constexpr int64_t kTileCols = 768;
 
