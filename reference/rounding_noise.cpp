@@ -476,40 +476,52 @@ Matrix rope_variance(const Matrix& x, const Matrix& var_x, const AttentionShape&
   return var;
 }
 
-// Causal softmax probabilities of one (batch, head) block and their variance, given the
-// scores' variance: var_P_ij = P_ij^2 ((1 - 2 P_ij) var_S_ij + sum_k P_ik^2 var_S_ik), plus
-// the normalising sum's accumulation and the rounding of P into the activation format.
-void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& act,
-                      const Format& acc, Matrix& p, Matrix& var_p) {
-  const int64_t n = scores.rows();
+namespace {
+
+// Causal softmax probabilities and their variance for rows [row0, row0 + m) of one (batch,
+// head) block, given the scores' variance; `scores` holds those rows against keys [0, c), and
+// row i attends keys j <= i: var_P_ij = P_ij^2 ((1 - 2 P_ij) var_S_ij + sum_k P_ik^2 var_S_ik),
+// plus the normalising sum's accumulation and the rounding of P into the activation format.
+// Entries of masked keys stay exactly zero, with no variance.
+void softmax_rows_variance(const Matrix& scores, const Matrix& var_s, int64_t row0,
+                           const Format& act, const Format& acc, Matrix& p, Matrix& var_p) {
+  const int64_t m = scores.rows();
   const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
   const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
-  p = Matrix::Zero(n, n);
-  var_p = Matrix::Zero(n, n);
-  for (int64_t i = 0; i < n; ++i) {
-    double m = scores(i, 0);
-    for (int64_t j = 1; j <= i; ++j) m = std::max(m, scores(i, j));
+  p = Matrix::Zero(m, scores.cols());
+  var_p = Matrix::Zero(m, scores.cols());
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t i = row0 + r;
+    double mx = scores(r, 0);
+    for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, scores(r, j));
     double sum = 0;
-    for (int64_t j = 0; j <= i; ++j) sum += (p(i, j) = std::exp(scores(i, j) - m));
+    for (int64_t j = 0; j <= i; ++j) sum += (p(r, j) = std::exp(scores(r, j) - mx));
     double spv = 0;
     for (int64_t j = 0; j <= i; ++j) {
-      p(i, j) /= sum;
-      spv += p(i, j) * p(i, j) * var_s(i, j);
+      p(r, j) /= sum;
+      spv += p(r, j) * p(r, j) * var_s(r, j);
     }
     // The normalising sum of i + 1 positive terms (relative variance u^2 (i + 1)), the
     // exponential and the division.
     const double normalise = ua2 * static_cast<double>(i + 3);
     for (int64_t j = 0; j <= i; ++j) {
-      const double pj = p(i, j);
-      double v = pj * pj * ((1 - 2 * pj) * var_s(i, j) + spv);
-      var_p(i, j) = std::max(v, 0.0) + normalise * pj * pj + u2 * pj * pj + sub2;
+      const double pj = p(r, j);
+      const double v = pj * pj * ((1 - 2 * pj) * var_s(r, j) + spv);
+      var_p(r, j) = std::max(v, 0.0) + normalise * pj * pj + u2 * pj * pj + sub2;
     }
   }
 }
 
+}  // namespace
+
+void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& act,
+                      const Format& acc, Matrix& p, Matrix& var_p) {
+  softmax_rows_variance(scores, var_s, 0, act, acc, p, var_p);
+}
+
 namespace {
 
-// sum_j A_ij (X_jd - Y_id)^2 for A [n, n], X [n, d], Y [n, d]: the spread of X's rows about
+// sum_j A_ij (X_jd - Y_id)^2 for A [m, c], X [c, d], Y [m, d]: the spread of X's rows about
 // Y_i weighted by A's row i, expanded into products: (A X^2) - 2 Y o (A X) + Y^2 o rowsum(A).
 Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y) {
   Matrix out = product(a, sq(x));
@@ -518,42 +530,81 @@ Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y) {
   return out.cwiseMax(0.0);
 }
 
-// One (batch, head) block of causal attention with the variances of its inputs.
-struct AttentionBlock {
-  Matrix q, k, v, vq, vk, vv;  // values [n, d] and variances (vq... may be empty)
-  Matrix scores, p, o;         // S = Q K^T / sqrt(d), P = softmax(S), O = P V
-  Matrix v_scores;             // variance of each score from K's error and S's own roundings
+// One (batch, head) block's inputs [seq, head_dim]; a variance may be empty (exact).
+struct Head {
+  Matrix q, k, v, vq, vk, vv;
   double scale = 0;
 };
 
-AttentionBlock attention_block(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& vq,
-                               const Matrix& vk, const Matrix& vv, double scale, const Format& act,
-                               const Format& acc) {
-  AttentionBlock blk{q, k, v, vq, vk, vv, {}, {}, {}, {}, scale};
-  const int64_t n = q.rows();
-  blk.scores = product(q, Op::kPlain, k, Op::kTransposed, scale);
+Head head_of(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& var_q,
+             const Matrix& var_k, const Matrix& var_v, const AttentionShape& s, int64_t bh) {
+  const int64_t d = s.head_dim, b = bh / s.heads, h = bh % s.heads;
+  const int64_t kv = h / (s.heads / s.kv_heads);
+  const auto blk = [&](const Matrix& m, int64_t col) {
+    return m.size() ? Matrix(m.block(b * s.seq, col * d, s.seq, d)) : Matrix();
+  };
+  return {blk(q, h),
+          blk(k, kv),
+          blk(v, kv),
+          blk(var_q, h),
+          blk(var_k, kv),
+          blk(var_v, kv),
+          1.0 / std::sqrt(static_cast<double>(d))};
+}
+
+// Rows [i0, i1) of a head's causal attention. Every key from i1 on is masked for all of them,
+// so the tile holds keys [0, i1) only: the masked keys' probabilities and everything derived
+// from them are exact zeros, which the products need not visit (about half of a block's work).
+struct AttentionTile {
+  int64_t i0 = 0, i1 = 0;
+  Matrix q, vq;                // the tile's rows [i1 - i0, d]
+  Matrix k, v, vk, vv;         // keys [0, i1) [i1, d]
+  Matrix scores, p, v_scores;  // S = Q K^T / sqrt(d), P = softmax(S) [i1 - i0, i1]
+  Matrix o;                    // O = P V [i1 - i0, d]
+  double scale = 0;
+};
+
+AttentionTile attention_tile(const Head& h, int64_t i0, int64_t i1, const Format& act,
+                             const Format& acc) {
+  AttentionTile t;
+  const int64_t m = i1 - i0;
+  const auto rows = [&](const Matrix& x) { return x.size() ? Matrix(x.middleRows(i0, m)) : x; };
+  const auto keys = [&](const Matrix& x) { return x.size() ? Matrix(x.topRows(i1)) : x; };
+  t.i0 = i0, t.i1 = i1, t.scale = h.scale;
+  t.q = rows(h.q), t.vq = rows(h.vq);
+  t.k = keys(h.k), t.v = keys(h.v), t.vk = keys(h.vk), t.vv = keys(h.vv);
+  t.scores = product(t.q, Op::kPlain, t.k, Op::kTransposed, h.scale);
   // Per (i, j) independent errors of a score: K_j's error seen through Q_i, the product's
   // accumulation, its rounding into the activation format and exp's own relative error.
-  blk.v_scores = (scale * scale) * product_variance(q, Matrix(), k.transpose(),
-                                                    vk.size() ? Matrix(vk.transpose()) : Matrix(),
-                                                    blk.scores / scale, acc);
-  blk.v_scores += rounding_variance(blk.scores, act);
-  blk.v_scores.array() += acc.unit_roundoff * acc.unit_roundoff;
-  blk.p = Matrix::Zero(n, n);
-  for (int64_t i = 0; i < n; ++i) {
-    double m = blk.scores(i, 0);
-    for (int64_t j = 1; j <= i; ++j) m = std::max(m, blk.scores(i, j));
+  t.v_scores =
+      (h.scale * h.scale) * product_variance(t.q, Matrix(), t.k.transpose(),
+                                             t.vk.size() ? Matrix(t.vk.transpose()) : Matrix(),
+                                             t.scores / h.scale, acc);
+  t.v_scores += rounding_variance(t.scores, act);
+  t.v_scores.array() += acc.unit_roundoff * acc.unit_roundoff;
+  t.p = Matrix::Zero(m, i1);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t i = i0 + r;
+    double mx = t.scores(r, 0);
+    for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, t.scores(r, j));
     double sum = 0;
-    for (int64_t j = 0; j <= i; ++j) sum += (blk.p(i, j) = std::exp(blk.scores(i, j) - m));
-    blk.p.row(i) /= sum;
+    for (int64_t j = 0; j <= i; ++j) sum += (t.p(r, j) = std::exp(t.scores(r, j) - mx));
+    t.p.row(r) /= sum;
   }
-  blk.o = product(blk.p, v);
-  return blk;
+  t.o = product(t.p, t.v);
+  return t;
 }
 
 // Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to.
-Matrix key_spread(const AttentionBlock& b) {
-  return centred_spread(b.p, b.k, product(b.p, b.k));
+Matrix key_spread(const AttentionTile& t) {
+  return centred_spread(t.p, t.k, product(t.p, t.k));
+}
+
+// Row j of the result: sum_{i >= j} x_i (row n: zero), for the masked keys' share of a sum.
+Matrix suffix_sums(const Matrix& x) {
+  Matrix out = Matrix::Zero(x.rows() + 1, x.cols());
+  for (int64_t j = x.rows() - 1; j >= 0; --j) out.row(j) = out.row(j + 1) + x.row(j);
+  return out;
 }
 
 }  // namespace
@@ -561,40 +612,48 @@ Matrix key_spread(const AttentionBlock& b) {
 Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,
                                   const AttentionShape& s, const Format& act, const Format& acc,
-                                  double* max_score) {
-  const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const double ua2 = acc.unit_roundoff * acc.unit_roundoff;
+                                  double* max_score, int64_t tile_rows) {
+  const int64_t d = s.head_dim, n = s.seq;
+  const double ua2 = acc.unit_roundoff * acc.unit_roundoff, sub2 = act.subnormal * act.subnormal;
   Matrix var = Matrix::Zero(q.rows(), q.cols());
   std::vector<double> score_max(s.batch * s.heads, 0.0);
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
-    const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
-    const auto blk = [&](const Matrix& m, int64_t head) {
-      return m.size() ? Matrix(m.block(b * s.seq, head * d, s.seq, d)) : Matrix();
-    };
-    const auto a = attention_block(blk(q, h), blk(k, kv), blk(v, kv), blk(var_q, h), blk(var_k, kv),
-                                   blk(var_v, kv), scale, act, acc);
-    score_max[bh] = a.scores.cwiseAbs().maxCoeff();
-    const Matrix p2 = a.p.cwiseAbs2();
-    // Errors independent per score (i, j): O_i moves by P_ij dS_ij (V_j - O_i).
-    Matrix v_o = centred_spread(p2.cwiseProduct(a.v_scores), a.v, a.o);
-    // Q_i's error reaches every score of row i: bounded by Cauchy-Schwarz over the keys,
-    // var <= scale^2 (sum_j P_ij (V_jd - O_id)^2) (sum_e var_Q_ie Kv_ie).
-    if (a.vq.size() > 0) {
-      const Eigen::VectorXd t = (a.vq.cwiseProduct(key_spread(a))).rowwise().sum();
-      v_o +=
-          (scale * scale) * (centred_spread(a.p, a.v, a.o).array().colwise() * t.array()).matrix();
+    const int64_t b = bh / s.heads, hd = bh % s.heads;
+    const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
+    const Matrix v2 = sq(h.v), v2_after = suffix_sums(v2);
+    for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
+      const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
+      const auto a = attention_tile(h, i0, i1, act, acc);
+      // The largest score held, masked ones included (an implementation may compute them).
+      score_max[bh] = std::max(score_max[bh], a.scores.cwiseAbs().maxCoeff());
+      if (i1 < n) {
+        const Matrix later =
+            product(a.q, Op::kPlain, Matrix(h.k.bottomRows(n - i1)), Op::kTransposed, h.scale);
+        score_max[bh] = std::max(score_max[bh], later.cwiseAbs().maxCoeff());
+      }
+      const Matrix p2 = a.p.cwiseAbs2(), v2t = v2.topRows(i1);
+      // Errors independent per score (i, j): O_i moves by P_ij dS_ij (V_j - O_i).
+      Matrix v_o = centred_spread(p2.cwiseProduct(a.v_scores), a.v, a.o);
+      // Q_i's error reaches every score of row i: bounded by Cauchy-Schwarz over the keys,
+      // var <= scale^2 (sum_j P_ij (V_jd - O_id)^2) (sum_e var_Q_ie Kv_ie).
+      if (a.vq.size() > 0) {
+        const Eigen::VectorXd t = (a.vq.cwiseProduct(key_spread(a))).rowwise().sum();
+        v_o += (h.scale * h.scale) *
+               (centred_spread(a.p, a.v, a.o).array().colwise() * t.array()).matrix();
+      }
+      if (a.vv.size() > 0) v_o += product(p2, a.vv);  // V_j's error through P_ij
+      // P rounded into the activation format before the product (a masked key's exact zero
+      // still counts the format's subnormal term, as every stored value does); the
+      // normalising sum of i + 1 positive terms (a relative error shared by the row); O's
+      // accumulation and rounding.
+      v_o += product(rounding_variance(a.p, act), v2t);
+      if (i1 < n) v_o.rowwise() += sub2 * v2_after.row(i1);
+      Eigen::VectorXd row_sum(m);
+      for (int64_t r = 0; r < m; ++r) row_sum(r) = ua2 * static_cast<double>(i0 + r + 2);
+      v_o += (a.o.cwiseAbs2().array().colwise() * row_sum.array()).matrix();
+      v_o += accumulation(acc, n) * (product(p2, v2t) + a.o.cwiseAbs2());
+      var.block(b * n + i0, hd * d, m, d) = v_o + rounding_variance(a.o, act);
     }
-    if (a.vv.size() > 0) v_o += product(p2, a.vv);  // V_j's error through P_ij
-    // P rounded into the activation format before the product; the normalising sum of i + 1
-    // positive terms (a relative error shared by the row); O's accumulation and rounding.
-    const Matrix v2 = sq(a.v);
-    v_o += product(rounding_variance(a.p, act), v2);
-    Eigen::VectorXd rows(s.seq);
-    for (int64_t i = 0; i < s.seq; ++i) rows(i) = ua2 * static_cast<double>(i + 2);
-    v_o += (a.o.cwiseAbs2().array().colwise() * rows.array()).matrix();
-    v_o += accumulation(acc, s.seq) * (product(p2, v2) + a.o.cwiseAbs2());
-    var.block(b * s.seq, h * d, s.seq, d) = v_o + rounding_variance(a.o, act);
   });
   if (max_score) *max_score = *std::max_element(score_max.begin(), score_max.end());
   return var;
@@ -604,100 +663,124 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
                                                 const Matrix& dout, const Matrix& var_q,
                                                 const Matrix& var_k, const Matrix& var_v,
                                                 const Matrix& var_dout, const AttentionShape& s,
-                                                const Format& act, const Format& acc) {
+                                                const Format& act, const Format& acc,
+                                                int64_t tile_rows) {
   // With dP = dO V^T, c_i = sum_j P_ij dP_ij, dS = P (dP - c): dQ = scale dS K,
   // dK = scale dS^T Q, dV = P^T dO. An error e_ij of dP independent per (i, j) moves dS_ij by
   // P_ij (e_ij - sum_k P_ik e_ik): it reaches dQ_i as scale sum_j P_ij e_ij (K_j - Kbar_i)
   // and dK_j as scale sum_i P_ij (e_ij - sum_k P_ik e_ik) Q_i.
-  const int64_t d = s.head_dim, group = s.heads / s.kv_heads, blocks = s.batch * s.heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d)), s2 = scale * scale;
+  const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
+  const int64_t blocks = s.batch * s.heads;
+  const double sub2 = act.subnormal * act.subnormal, acc_n = accumulation(acc, n);
   AttentionGradsNoise out;
   out.dq_value.resize(q.rows(), q.cols());
   out.dq.resize(q.rows(), q.cols());
   std::vector<Matrix> dk_parts(blocks), dv_parts(blocks), var_dk_parts(blocks),
       var_dv_parts(blocks);
   for_each_row(blocks, [&](int64_t bh) {
-    const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
-    const auto blk = [&](const Matrix& m, int64_t head) {
-      return m.size() ? Matrix(m.block(b * s.seq, head * d, s.seq, d)) : Matrix();
+    const int64_t b = bh / s.heads, hd = bh % s.heads;
+    const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
+    const double scale = h.scale, s2 = scale * scale;
+    const auto blk = [&](const Matrix& m) {
+      return m.size() ? Matrix(m.block(b * n, hd * d, n, d)) : Matrix();
     };
-    const auto a = attention_block(blk(q, h), blk(k, kv), blk(v, kv), blk(var_q, h), blk(var_k, kv),
-                                   blk(var_v, kv), scale, act, acc);
-    const Matrix doh = blk(dout, h), vdo = blk(var_dout, h);
-    const Matrix& p = a.p;
-    const Matrix p2 = p.cwiseAbs2();
-    const Matrix k2 = sq(a.k), q2 = sq(a.q), do2 = sq(doh);
-    const Matrix dp = product(doh, Op::kPlain, a.v, Op::kTransposed);
-    const Eigen::VectorXd c = dp.cwiseProduct(p).rowwise().sum();
-    const Matrix ds = p.cwiseProduct(dp.colwise() - c);
-    const Matrix kbar = product(p, a.k);
-    // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
-    // seen through dO_i.
-    Matrix e = product_variance(doh, Matrix(), a.v.transpose(), Matrix(), dp, acc) +
-               rounding_variance(dp, act);
-    if (a.vv.size() > 0) e += product(do2, Op::kPlain, a.vv, Op::kTransposed);
-    // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
-    const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
-    const Matrix var_ds_e =
-        p2.cwiseProduct((((1.0 - 2.0 * p.array()) * e.array()).colwise() + pe.array()).matrix())
-            .cwiseMax(0.0);
-    // The rest of dS's variance, element by element (the model's approximation here,
-    // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
-    // accumulation (shared by the row) and dS's own rounding.
-    Matrix v_scores = a.v_scores;
-    if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, k2, Op::kTransposed, s2);
-    Matrix sp, var_p;
-    softmax_variance(a.scores, v_scores, act, acc, sp, var_p);
-    const Matrix centred = dp.colwise() - c;
-    // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
-    // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
-    const Eigen::VectorXd var_c =
-        dp.cwiseAbs2().cwiseProduct(var_p).rowwise().sum() +
-        accumulation(acc, s.seq) * (dp.cwiseProduct(p).cwiseAbs2().rowwise().sum() + c.cwiseAbs2());
-    Matrix var_ds_rest = centred.cwiseAbs2().cwiseProduct(var_p);
-    var_ds_rest += (p2.array().colwise() * var_c.array()).matrix();
-    var_ds_rest += rounding_variance(ds, act);
+    const Matrix doh = blk(dout), vdo = blk(var_dout);
+    const Matrix k2 = sq(h.k), q2 = sq(h.q), do2 = sq(doh);
+    const Matrix v2 = vdo.size() > 0 ? sq(h.v) : Matrix();
+    const Matrix k2_after = suffix_sums(k2);
+    Matrix dk = Matrix::Zero(n, d), v_dk = Matrix::Zero(n, d);
+    Matrix dv = Matrix::Zero(n, d), v_dv = Matrix::Zero(n, d);
+    for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
+      const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
+      const auto a = attention_tile(h, i0, i1, act, acc);
+      const auto rows = [&](const Matrix& x) {
+        return x.size() ? Matrix(x.middleRows(i0, m)) : Matrix();
+      };
+      const Matrix doh_t = rows(doh), vdo_t = rows(vdo), do2_t = rows(do2), q2_t = rows(q2);
+      const Matrix k2t = k2.topRows(i1);
+      const Matrix& p = a.p;
+      const Matrix p2 = p.cwiseAbs2();
+      const Matrix dp = product(doh_t, Op::kPlain, a.v, Op::kTransposed);
+      const Eigen::VectorXd c = dp.cwiseProduct(p).rowwise().sum();
+      const Matrix ds = p.cwiseProduct(dp.colwise() - c);
+      const Matrix kbar = product(p, a.k);
+      // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
+      // seen through dO_i.
+      Matrix e = product_variance(doh_t, Matrix(), a.v.transpose(), Matrix(), dp, acc) +
+                 rounding_variance(dp, act);
+      if (a.vv.size() > 0) e += product(do2_t, Op::kPlain, a.vv, Op::kTransposed);
+      // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
+      const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
+      const Matrix var_ds_e =
+          p2.cwiseProduct((((1.0 - 2.0 * p.array()) * e.array()).colwise() + pe.array()).matrix())
+              .cwiseMax(0.0);
+      // The rest of dS's variance, element by element (the model's approximation here,
+      // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
+      // accumulation (shared by the row) and dS's own rounding.
+      Matrix v_scores = a.v_scores;
+      if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, k2t, Op::kTransposed, s2);
+      Matrix sp, var_p;
+      softmax_rows_variance(a.scores, v_scores, i0, act, acc, sp, var_p);
+      const Matrix centred = dp.colwise() - c;
+      // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
+      // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
+      const Eigen::VectorXd var_c =
+          dp.cwiseAbs2().cwiseProduct(var_p).rowwise().sum() +
+          acc_n * (dp.cwiseProduct(p).cwiseAbs2().rowwise().sum() + c.cwiseAbs2());
+      Matrix var_ds_rest = centred.cwiseAbs2().cwiseProduct(var_p);
+      var_ds_rest += (p2.array().colwise() * var_c.array()).matrix();
+      // dS's rounding (a masked key's exact zero counts the subnormal term, as every stored
+      // value does: for the keys past the tile, added from their sums below).
+      var_ds_rest += rounding_variance(ds, act);
 
-    // dQ = scale dS K: e exactly, through the keys centred on the row's mean key; the rest of
-    // dS element by element; K's own error; dO's error (shared by row i) bounded by
-    // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
-    const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
-    const Matrix ds2 = sq(ds);
-    Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
-    v_dq += product(var_ds_rest, Op::kPlain, k2, Op::kPlain, s2);
-    if (a.vk.size() > 0) v_dq += product(ds2, Op::kPlain, a.vk, Op::kPlain, s2);
-    if (vdo.size() > 0) {
-      const Eigen::VectorXd w = (vdo.cwiseProduct(centred_spread(p, a.v, a.o))).rowwise().sum();
-      v_dq += s2 * (key_spread(a).array().colwise() * w.array()).matrix();
+      // dQ = scale dS K: e exactly, through the keys centred on the row's mean key; the rest
+      // of dS element by element; K's own error; dO's error (shared by row i) bounded by
+      // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
+      const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
+      const Matrix ds2 = sq(ds);
+      Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
+      v_dq += product(var_ds_rest, Op::kPlain, k2t, Op::kPlain, s2);
+      if (i1 < n) v_dq.rowwise() += (s2 * sub2) * k2_after.row(i1);
+      if (a.vk.size() > 0) v_dq += product(ds2, Op::kPlain, a.vk, Op::kPlain, s2);
+      if (vdo_t.size() > 0) {
+        const Eigen::VectorXd w = (vdo_t.cwiseProduct(centred_spread(p, a.v, a.o))).rowwise().sum();
+        v_dq += s2 * (key_spread(a).array().colwise() * w.array()).matrix();
+      }
+      v_dq += s2 * acc_n * (product(ds2, k2t) + (dqh / scale).cwiseAbs2());
+      out.dq_value.block(b * n + i0, hd * d, m, d) = dqh;
+      out.dq.block(b * n + i0, hd * d, m, d) = v_dq + rounding_variance(dqh, act);
+      const Matrix var_ds = var_ds_e + var_ds_rest;
+
+      // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
+      // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; Q's own error.
+      dk.topRows(i1) += product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
+      v_dk.topRows(i1) += product(var_ds, Op::kTransposed, q2_t, Op::kPlain, s2);
+      if (i1 < n) v_dk.bottomRows(n - i1).rowwise() += (s2 * sub2) * q2_t.colwise().sum();
+      if (vdo_t.size() > 0) {
+        // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
+        Matrix g = product(vdo_t, Op::kPlain, Matrix(v2.topRows(i1)), Op::kTransposed);
+        g -= product(vdo_t.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
+        g.colwise() += vdo_t.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
+        v_dk.topRows(i1) +=
+            product(p2.cwiseProduct(g.cwiseMax(0.0)), Op::kTransposed, q2_t, Op::kPlain, s2);
+      }
+      if (a.vq.size() > 0) {
+        v_dk.topRows(i1) += product(ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
+      }
+      v_dk.topRows(i1) += s2 * acc_n * product(ds2, Op::kTransposed, q2_t, Op::kPlain);
+
+      // dV = P^T dO: dO's error exactly, P's element by element, the accumulation.
+      dv.topRows(i1) += product(p, Op::kTransposed, doh_t, Op::kPlain);
+      v_dv.topRows(i1) += product(var_p, Op::kTransposed, do2_t, Op::kPlain);
+      if (vdo_t.size() > 0) v_dv.topRows(i1) += product(p2, Op::kTransposed, vdo_t, Op::kPlain);
+      v_dv.topRows(i1) += acc_n * product(p2, Op::kTransposed, do2_t, Op::kPlain);
     }
-    v_dq += s2 * accumulation(acc, s.seq) * (product(ds2, k2) + (dqh / scale).cwiseAbs2());
-    out.dq_value.block(b * s.seq, h * d, s.seq, d) = dqh;
-    out.dq.block(b * s.seq, h * d, s.seq, d) = v_dq + rounding_variance(dqh, act);
-    const Matrix var_ds = var_ds_e + var_ds_rest;
-
-    // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
-    // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; Q's own error.
-    dk_parts[bh] = product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
-    Matrix v_dk = product(var_ds, Op::kTransposed, q2, Op::kPlain, s2);
-    if (vdo.size() > 0) {
-      // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
-      Matrix g = product(vdo, Op::kPlain, sq(a.v), Op::kTransposed);
-      g -= product(vdo.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
-      g.colwise() += vdo.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
-      v_dk += product(p2.cwiseProduct(g.cwiseMax(0.0)), Op::kTransposed, q2, Op::kPlain, s2);
-    }
-    if (a.vq.size() > 0) v_dk += product(ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
-    v_dk += s2 * accumulation(acc, s.seq) *
-            (product(ds2, Op::kTransposed, q2, Op::kPlain) + (dk_parts[bh] / scale).cwiseAbs2());
-    var_dk_parts[bh] = v_dk + rounding_variance(dk_parts[bh], act);
-
-    // dV = P^T dO: dO's error exactly, P's element by element, the accumulation.
-    dv_parts[bh] = product(p, Op::kTransposed, doh, Op::kPlain);
-    Matrix v_dv = product(var_p, Op::kTransposed, do2, Op::kPlain);
-    if (vdo.size() > 0) v_dv += product(p2, Op::kTransposed, vdo, Op::kPlain);
-    v_dv += accumulation(acc, s.seq) *
-            (product(p2, Op::kTransposed, do2, Op::kPlain) + dv_parts[bh].cwiseAbs2());
-    var_dv_parts[bh] = v_dv + rounding_variance(dv_parts[bh], act);
+    v_dk += s2 * acc_n * (dk / scale).cwiseAbs2();
+    v_dv += acc_n * dv.cwiseAbs2();
+    var_dk_parts[bh] = v_dk + rounding_variance(dk, act);
+    var_dv_parts[bh] = v_dv + rounding_variance(dv, act);
+    dk_parts[bh] = std::move(dk);
+    dv_parts[bh] = std::move(dv);
   });
   // The heads of a group add their shares of dK and dV, each partial sum rounded.
   out.dk_value = Matrix::Zero(k.rows(), k.cols());

@@ -104,11 +104,16 @@ Matrix rope_variance(const Matrix& x, const Matrix& var_x, const AttentionShape&
 // Causal softmax of one block of scores: the probabilities and their variance.
 void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& act,
                       const Format& acc, Matrix& p, Matrix& var_p);
-// Causal grouped-query attention forward; `max_score`, when given, receives max |Q K^T / sqrt(d)|.
+// Causal grouped-query attention, each (batch, head) block taken `tile_rows` query rows at a
+// time against only the keys they can attend (the tile size changes no value beyond rounding;
+// the tests vary it).
+inline constexpr int64_t kAttentionTileRows = 128;
+// The forward; `max_score`, when given, receives max |Q K^T / sqrt(d)| (masked scores included).
 Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,
                                   const AttentionShape& s, const Format& act, const Format& acc,
-                                  double* max_score = nullptr);
+                                  double* max_score = nullptr,
+                                  int64_t tile_rows = kAttentionTileRows);
 struct AttentionGradsNoise {
   Matrix dq, dk, dv;                    // variances
   Matrix dq_value, dk_value, dv_value;  // the gradients themselves
@@ -117,7 +122,8 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
                                                 const Matrix& dout, const Matrix& var_q,
                                                 const Matrix& var_k, const Matrix& var_v,
                                                 const Matrix& var_dout, const AttentionShape& s,
-                                                const Format& act, const Format& acc);
+                                                const Format& act, const Format& acc,
+                                                int64_t tile_rows = kAttentionTileRows);
 
 class RoundingNoise {
  public:

@@ -211,6 +211,44 @@ TEST(RoundingNoise, AttentionForwardAndBackward) {
       1e-5, "dq from v");
 }
 
+// Attention is taken a tile of query rows at a time against only the keys those rows can
+// attend; the masked keys' exact zeros still carry the activation format's subnormal term,
+// added from their sums. Any tile size must give the single-tile values up to rounding, with
+// a subnormal term large enough here that dropping the masked keys' share would show.
+TEST(RoundingNoise, AttentionTileSizeChangesNoValue) {
+  const AttentionShape s{2, 19, 4, 2, 4};  // 19 tokens: tiles of 1, 4, 7 leave partial tiles
+  const int64_t rows = 2 * 19;
+  const Matrix q = random_matrix(rows, 16, 71), k = random_matrix(rows, 8, 72),
+               v = random_matrix(rows, 8, 73), dout = random_matrix(rows, 16, 74);
+  const Matrix vq = random_variance(rows, 16, 75), vk = random_variance(rows, 8, 76),
+               vv = random_variance(rows, 8, 77), vdo = random_variance(rows, 16, 78);
+  const Format act{0x1.0p-11, 1e-3}, acc{0x1.0p-24, 1e-20};
+  const auto same = [](const Matrix& tiled, const Matrix& whole, const std::string& what) {
+    ASSERT_EQ(tiled.rows(), whole.rows()) << what;
+    for (int64_t i = 0; i < whole.size(); ++i) {
+      ASSERT_NEAR(tiled.data()[i], whole.data()[i], 1e-12 * std::abs(whole.data()[i]))
+          << what << " at flat index " << i;
+    }
+  };
+  double whole_max = 0;
+  const Matrix fwd = attention_forward_variance(q, k, v, vq, vk, vv, s, act, acc, &whole_max, 19);
+  const auto bwd = attention_backward_variance(q, k, v, dout, vq, vk, vv, vdo, s, act, acc, 19);
+  for (const int64_t tile : {int64_t{1}, int64_t{4}, int64_t{7}, kAttentionTileRows}) {
+    const std::string t = "tile of " + std::to_string(tile) + " rows: ";
+    double max_score = 0;
+    same(attention_forward_variance(q, k, v, vq, vk, vv, s, act, acc, &max_score, tile), fwd,
+         t + "output variance");
+    EXPECT_EQ(max_score, whole_max) << t << "largest score";
+    const auto g = attention_backward_variance(q, k, v, dout, vq, vk, vv, vdo, s, act, acc, tile);
+    same(g.dq, bwd.dq, t + "dq variance");
+    same(g.dk, bwd.dk, t + "dk variance");
+    same(g.dv, bwd.dv, t + "dv variance");
+    same(g.dq_value, bwd.dq_value, t + "dq");
+    same(g.dk_value, bwd.dk_value, t + "dk");
+    same(g.dv_value, bwd.dv_value, t + "dv");
+  }
+}
+
 TEST(RoundingNoise, RoundingTermsOfOneProjection) {
   // Exact inputs and exact weights in a format with u = 2^-11 and no subnormal term: the
   // output's variance is the weight rounding (u^2 sum_k x_k^2 W_kj^2) plus the stored
