@@ -57,51 +57,68 @@ double flushed(const Format& f, int64_t k) {
   return f.subnormal * f.subnormal * static_cast<double>(k);
 }
 
-// Variance of the computed product A B before it is stored, for A [M, K] and B [K, N]
-// (either may be a transposed view): the operands' errors carried through the product,
-// var_A (B o B) + (A o A) var_B, and the accumulation's own, u^2 K/2 ((A o A)(B o B) + (AB)^2).
+// One operand of a product whose variance is wanted: its value as stored, the op applied to it,
+// and optionally its variance (same layout; absent: exact) and its square (when the caller
+// already has it: a large square is computed once per projection, not once per product).
+struct Operand {
+  const Matrix& value;
+  Op op = Op::kPlain;
+  const Matrix* var = nullptr;
+  const Matrix* squared = nullptr;
+};
+
+// alpha times the variance of the computed product op(A) op(B) before it is stored, for op(A)
+// [M, K] and op(B) [K, N]: the operands' errors carried through the product,
+// var_A (B o B) + (A o A) var_B, and the accumulation's own, u^2 K/2 ((A o A)(B o B) + (AB)^2),
+// with AB = ab_factor * ab (`ab` the product as the reference holds it, e.g. scaled).
 // (c (A o A) + var_A) shares one product with (B o B).
-template <class MatA, class MatB>
-Matrix product_variance(const MatA& a, const Matrix& var_a, const MatB& b, const Matrix& var_b,
-                        const Matrix& ab, const Format& acc) {
-  const Matrix sa = by_rows(a.cwiseAbs2());
-  const double c = accumulation(acc, a.cols());
-  Matrix left = by_rows(c * sa);
-  if (var_a.size() > 0) add_by_rows(left, var_a);
-  Matrix v = by_rows(c * ab.cwiseAbs2());
-  add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, a.cols())));
-  gemm(1.0, left, Op::kPlain, by_rows(b.cwiseAbs2()), Op::kPlain, 1.0, v);
-  if (var_b.size() > 0) gemm(1.0, sa, Op::kPlain, var_b, Op::kPlain, 1.0, v);
-  return v;
-}
-
-// The same for X op(W) with the dequantized weight W rounded once into `weight` (var_W =
-// u^2 W^2 + subnormal^2, never materialised): one product with (W o W) serves every term.
-Matrix weight_product_variance(const Matrix& x, const Matrix& var_x, const Matrix& w, Op op_w,
-                               const Matrix& xw, const Format& weight, const Format& acc) {
-  const Matrix sx = sq(x);
-  const double c = accumulation(acc, x.cols());
-  const double u2 = weight.unit_roundoff * weight.unit_roundoff;
-  Matrix left = by_rows((c + u2) * sx);
-  if (var_x.size() > 0) add_by_rows(left, var_x);
-  Matrix v = by_rows(c * xw.cwiseAbs2());
-  add_by_rows(v, Matrix::Constant(v.rows(), v.cols(), flushed(acc, x.cols())));
-  gemm(1.0, left, Op::kPlain, sq(w), op_w, 1.0, v);
-  if (weight.subnormal > 0) {
-    v.colwise() += (weight.subnormal * weight.subnormal) * sx.rowwise().sum();
+Matrix product_variance(const Operand& a, const Operand& b, const Matrix& ab, double ab_factor,
+                        const Format& acc, double alpha = 1.0) {
+  const int64_t k = a.op == Op::kPlain ? a.value.cols() : a.value.rows();
+  const double c = accumulation(acc, k);
+  Matrix sa_own, sb_own;
+  const Matrix& sa = a.squared ? *a.squared : (sa_own = sq(a.value));
+  const Matrix& sb = b.squared ? *b.squared : (sb_own = sq(b.value));
+  const double c_ab = alpha * c * ab_factor * ab_factor, f = alpha * flushed(acc, k);
+  Matrix v = by_rows(((c_ab * ab.cwiseAbs2()).array() + f).matrix());
+  if (a.var) {
+    gemm(alpha, by_rows(c * sa + *a.var), a.op, sb, b.op, 1.0, v);
+  } else {
+    gemm(alpha * c, sa, a.op, sb, b.op, 1.0, v);
   }
+  if (b.var) gemm(alpha, sa, a.op, *b.var, b.op, 1.0, v);
   return v;
 }
 
-// Variance of X_d = X * mask / (1 - p) from that of X.
+// The same for X op(W), X exact (an input, or a value whose error is carried apart) given as
+// its square x2, with the dequantized weight W rounded once into `weight` (var_W =
+// u^2 W^2 + subnormal^2, never materialised): one product with (W o W) serves every term.
+// The product's own rounding into `stored` is added in the same pass.
+Matrix weight_product_variance(const Matrix& x2, const Matrix& w, Op op_w, const Matrix& xw,
+                               const Format& weight, const Format& acc, const Format& stored) {
+  const double c = accumulation(acc, x2.cols());
+  const double u2 = weight.unit_roundoff * weight.unit_roundoff;
+  const double su2 = stored.unit_roundoff * stored.unit_roundoff;
+  const double constant = flushed(acc, x2.cols()) + stored.subnormal * stored.subnormal;
+  // The weight's subnormal term: sub^2 sum_k X_ik^2 for every output of row i.
+  Eigen::VectorXd row_terms = Eigen::VectorXd::Constant(x2.rows(), constant);
+  if (weight.subnormal > 0) {
+    const double sw2 = weight.subnormal * weight.subnormal;
+    for_each_row(x2.rows(), [&](int64_t t) { row_terms(t) += sw2 * x2.row(t).sum(); });
+  }
+  Matrix v = by_rows((((c + su2) * xw.cwiseAbs2()).array().colwise() + row_terms.array()).matrix());
+  gemm(c + u2, x2, Op::kPlain, sq(w), op_w, 1.0, v);
+  return v;
+}
+
+// Variance of X_d = X * mask / (1 - p) from that of X (with dropout).
 Matrix dropped_variance(const Matrix& var_x, const Dropout& d) {
-  if (d.p == 0 || var_x.size() == 0) return var_x;
   return by_rows(var_x.cwiseProduct(d.mask) / ((1 - d.p) * (1 - d.p)));
 }
 
-// x / s for s != 0: the unscaled value of a scaled product (s = 0 leaves nothing to scale).
-Matrix unscaled(const Matrix& x, double s) {
-  return s == 0 ? x : by_rows(x / s);
+// 1 / s for s != 0: the factor that unscales a scaled product (s = 0 leaves nothing to scale).
+double unscale(double s) {
+  return s == 0 ? 1.0 : 1.0 / s;
 }
 
 double sigmoid(double e) {
@@ -138,28 +155,32 @@ void RoundingNoise::store(const std::string& name, const Matrix& v) {
 //   with dropout     var W^2 + 2 s (var c) (W o M) + s^2 (var c^2) (M o M)   (c on var's side)
 //                    V1 + 2 s c o V2 + s^2 c^2 o V3                          (transposed)
 // Two paths that share one error add before they are squared: summing their variances apart
-// would be wrong by up to a factor 2 either way.
-Matrix composite_variance(const Matrix& var, const Projection& p, const Dropout& d,
-                          bool transposed) {
-  const Matrix m = product(p.lora_A, Op::kTransposed, p.lora_B, Op::kTransposed);  // [in, out]
+// would be wrong by up to a factor 2 either way. Added to `out`.
+void add_composite_variance(Matrix& out, const Matrix& var, const Projection& p, const Dropout& d,
+                            bool transposed) {
+  Matrix m = product(p.lora_A, Op::kTransposed, p.lora_B, Op::kTransposed);  // [in, out]
   const double s = p.scaling;
   const Op op = transposed ? Op::kTransposed : Op::kPlain;
-  if (d.p == 0) return product(var, Op::kPlain, by_rows((p.weight_t + s * m).cwiseAbs2()), op);
+  if (d.p == 0) {
+    // (W + s M)^2 in M's place: element by element, no other copy of a weight-sized matrix.
+    for_each_row(m.rows(),
+                 [&](int64_t t) { m.row(t) = (p.weight_t.row(t) + s * m.row(t)).cwiseAbs2(); });
+    gemm(1.0, var, Op::kPlain, m, op, 1.0, out);
+    return;
+  }
   const double c = 1.0 / (1.0 - d.p);
   const Matrix w2 = sq(p.weight_t), wm = by_rows(p.weight_t.cwiseProduct(m)), m2 = sq(m);
+  gemm(1.0, var, Op::kPlain, w2, op, 1.0, out);
   if (!transposed) {
     const Matrix vm = by_rows(var.cwiseProduct(d.mask));
-    Matrix v = product(var, w2);
-    gemm(2 * s * c, vm, Op::kPlain, wm, Op::kPlain, 1.0, v);
-    gemm(s * s * c * c, vm, Op::kPlain, m2, Op::kPlain, 1.0, v);
-    return v;
+    gemm(2 * s * c, vm, Op::kPlain, wm, Op::kPlain, 1.0, out);
+    gemm(s * s * c * c, vm, Op::kPlain, m2, Op::kPlain, 1.0, out);
+    return;
   }
-  Matrix v = product(var, Op::kPlain, w2, op);
   const Matrix vwm = product(var, Op::kPlain, wm, op);
-  add_by_rows(v, (2 * s * c) * d.mask.cwiseProduct(vwm));
+  add_by_rows(out, (2 * s * c) * d.mask.cwiseProduct(vwm));
   const Matrix vm2 = product(var, Op::kPlain, m2, op);
-  add_by_rows(v, (s * s * c * c) * d.mask.cwiseProduct(vm2));
-  return v;
+  add_by_rows(out, (s * s * c * c) * d.mask.cwiseProduct(vm2));
 }
 
 // Forward of one projection, Y = X W^T + b + s (X_d A^T) B^T, as a careful implementation
@@ -170,26 +191,29 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
                                                    const Matrix& y, const std::string& name) {
   const Format &act = p_.activation, &ad = p_.adapter_compute, &acc = p_.accumulate;
   const double s = p.scaling, s2 = s * s;
-  const Matrix xd = dropped(x, d);
+  Matrix dropped_x;  // only with dropout: X itself otherwise (no copy of a large input)
+  if (d.p != 0) dropped_x = dropped(x, d);
+  const Matrix& xd = d.p == 0 ? x : dropped_x;
+  const Matrix x2 = sq(x);
   // The adapter path's own roundings: X_d (its 1/(1-p) factor), X_d A^T and L.
   const Matrix var_xd_own = d.p > 0 ? rounding_variance(xd, ad) : Matrix();
   const Matrix xa = product(xd, Op::kPlain, p.lora_A, Op::kTransposed);
-  const Matrix var_xa_own =
-      product_variance(xd, var_xd_own, p.lora_A.transpose(), Matrix(), xa, acc) +
-      rounding_variance(xa, ad);
+  Matrix var_xa_own =
+      product_variance({xd, Op::kPlain, d.p > 0 ? &var_xd_own : nullptr, d.p == 0 ? &x2 : nullptr},
+                       {p.lora_A, Op::kTransposed}, xa, 1.0, acc);
+  add_by_rows(var_xa_own, rounding_variance(xa, ad));
   const Matrix lora = product(xa, Op::kPlain, p.lora_B, Op::kTransposed, s);
-  Matrix var_lora = by_rows(s2 * product_variance(xa, var_xa_own, p.lora_B.transpose(), Matrix(),
-                                                  unscaled(lora, s), acc));
+  Matrix var_lora = product_variance({xa, Op::kPlain, &var_xa_own}, {p.lora_B, Op::kTransposed},
+                                     lora, unscale(s), acc, s2);
   add_by_rows(var_lora, rounding_variance(lora, ad) + rounding_variance(lora, act));
 
   // The base product X W (the reference's y less bias and adapter term), its weight's
-  // rounding and accumulation; x's own error through base and adapter together.
+  // rounding, accumulation and own rounding; x's own error through base and adapter together.
   Matrix base = by_rows(y - lora);
   if (p.bias.size() > 0) for_each_row(base.rows(), [&](int64_t t) { base.row(t) -= p.bias; });
   ProjectionForwardNoise out;
-  out.y = by_rows(weight_product_variance(x, Matrix(), p.weight_t, Op::kPlain, base, act, acc) +
-                  rounding_variance(base, act));
-  if (var_x.size() > 0) add_by_rows(out.y, composite_variance(var_x, p, d, /*transposed=*/false));
+  out.y = weight_product_variance(x2, p.weight_t, Op::kPlain, base, act, acc, act);
+  if (var_x.size() > 0) add_composite_variance(out.y, var_x, p, d, /*transposed=*/false);
   store(name + "/base_output", base);
   if (p.bias.size() > 0) {
     for_each_row(base.rows(), [&](int64_t t) { base.row(t) += p.bias; });
@@ -197,9 +221,11 @@ ProjectionForwardNoise RoundingNoise::lora_forward(const Matrix& x, const Matrix
   }
   add_by_rows(out.y, var_lora + rounding_variance(y, act));
   // X_d A^T's variance for the backward's dB: each element sums independent errors of one row.
-  out.xa = var_xa_own;
-  if (var_x.size() > 0) {
+  out.xa = std::move(var_xa_own);
+  if (var_x.size() > 0 && d.p > 0) {
     gemm(1.0, dropped_variance(var_x, d), Op::kPlain, sq(p.lora_A), Op::kTransposed, 1.0, out.xa);
+  } else if (var_x.size() > 0) {
+    gemm(1.0, var_x, Op::kPlain, sq(p.lora_A), Op::kTransposed, 1.0, out.xa);
   }
   store(name + "/adapter_output", lora);
   store(name + "/output", y);
@@ -217,14 +243,22 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
                                                   const std::string& name) {
   const Format &act = p_.activation, &ad = p_.adapter_compute, &acc = p_.accumulate;
   const double s = p.scaling, s2 = s * s;
-  const Matrix xd = dropped(x, d);
-  Matrix var_xd = dropped_variance(var_x, d);
-  if (d.p > 0) var_xd = plus(var_xd, rounding_variance(xd, ad));
+  Matrix dropped_x;
+  if (d.p != 0) dropped_x = dropped(x, d);
+  const Matrix& xd = d.p == 0 ? x : dropped_x;
+  // X_d's variance: x's (through the mask) and, with dropout, X_d's own rounding.
+  Matrix var_xd_own;
+  if (d.p > 0) {
+    var_xd_own =
+        plus(var_x.size() > 0 ? dropped_variance(var_x, d) : Matrix(), rounding_variance(xd, ad));
+  }
+  const Matrix* var_xd = d.p > 0 ? &var_xd_own : var_x.size() > 0 ? &var_x : nullptr;
   const Matrix xa = product(xd, Op::kPlain, p.lora_A, Op::kTransposed);
+  const Matrix dy2 = sq(dy);  // every product of dY's below shares it
 
   const Matrix dyb = product(dy, p.lora_B);  // [M, r], unscaled
-  const Matrix var_dyb_own =
-      product_variance(dy, Matrix(), p.lora_B, Matrix(), dyb, acc) + rounding_variance(dyb, ad);
+  Matrix var_dyb_own = product_variance({dy, Op::kPlain, nullptr, &dy2}, {p.lora_B}, dyb, 1.0, acc);
+  add_by_rows(var_dyb_own, rounding_variance(dyb, ad));
   Matrix var_dyb = var_dyb_own;  // each element sums independent errors of one row of dY
   if (var_dy.size() > 0) gemm(1.0, var_dy, Op::kPlain, sq(p.lora_B), Op::kPlain, 1.0, var_dyb);
 
@@ -232,23 +266,22 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   // The adapter's share of dX with its own roundings, then the base product dY W (the
   // reference's dX less that share); dY's own error through both together.
   const Matrix ba = product(dyb, p.lora_A);
-  Matrix var_term = by_rows(s2 * product_variance(dyb, var_dyb_own, p.lora_A, Matrix(), ba, acc));
-  const Matrix term = dropped(s * ba, d);
-  var_term = dropped_variance(var_term, d);
+  Matrix var_term = product_variance({dyb, Op::kPlain, &var_dyb_own}, {p.lora_A}, ba, 1.0, acc, s2);
+  const Matrix term =
+      d.p == 0 ? by_rows(s * ba) : by_rows((s * ba).cwiseProduct(d.mask) / (1.0 - d.p));
+  if (d.p > 0) var_term = dropped_variance(var_term, d);
   add_by_rows(var_term, rounding_variance(term, ad) + rounding_variance(term, act));
   const Matrix dx_base = by_rows(grads.dx - term);
-  g.dx = by_rows(
-      weight_product_variance(dy, Matrix(), p.weight_t, Op::kTransposed, dx_base, act, acc) +
-      rounding_variance(dx_base, act) + var_term + rounding_variance(grads.dx, act));
-  if (var_dy.size() > 0) add_by_rows(g.dx, composite_variance(var_dy, p, d, /*transposed=*/true));
+  g.dx = weight_product_variance(dy2, p.weight_t, Op::kTransposed, dx_base, act, acc, act);
+  add_by_rows(g.dx, var_term + rounding_variance(grads.dx, act));
+  if (var_dy.size() > 0) add_composite_variance(g.dx, var_dy, p, d, /*transposed=*/true);
 
-  const Matrix dyb_t = dyb.transpose(), var_dyb_t = var_dyb.transpose();
-  g.dA = s2 * product_variance(dyb_t, var_dyb_t, xd, var_xd, unscaled(grads.dA, s), acc) +
-         rounding_variance(grads.dA, ad) + rounding_variance(grads.dA, p_.adapter);
-  const Matrix var_dy_t = var_dy.size() ? Matrix(var_dy.transpose()) : Matrix();
-  g.dB =
-      s2 * product_variance(dy.transpose(), var_dy_t, xa, forward.xa, unscaled(grads.dB, s), acc) +
-      rounding_variance(grads.dB, ad) + rounding_variance(grads.dB, p_.adapter);
+  g.dA = product_variance({dyb, Op::kTransposed, &var_dyb}, {xd, Op::kPlain, var_xd}, grads.dA,
+                          unscale(s), acc, s2);
+  add_by_rows(g.dA, rounding_variance(grads.dA, ad) + rounding_variance(grads.dA, p_.adapter));
+  g.dB = product_variance({dy, Op::kTransposed, var_dy.size() > 0 ? &var_dy : nullptr, &dy2},
+                          {xa, Op::kPlain, &forward.xa}, grads.dB, unscale(s), acc, s2);
+  add_by_rows(g.dB, rounding_variance(grads.dB, ad) + rounding_variance(grads.dB, p_.adapter));
   store(name + "/input.grad", grads.dx);
   return g;
 }
@@ -576,10 +609,8 @@ AttentionTile attention_tile(const Head& h, int64_t i0, int64_t i1, const Format
   t.scores = product(t.q, Op::kPlain, t.k, Op::kTransposed, h.scale);
   // Per (i, j) independent errors of a score: K_j's error seen through Q_i, the product's
   // accumulation, its rounding into the activation format and exp's own relative error.
-  t.v_scores =
-      (h.scale * h.scale) * product_variance(t.q, Matrix(), t.k.transpose(),
-                                             t.vk.size() ? Matrix(t.vk.transpose()) : Matrix(),
-                                             t.scores / h.scale, acc);
+  t.v_scores = product_variance({t.q}, {t.k, Op::kTransposed, t.vk.size() ? &t.vk : nullptr},
+                                t.scores, 1.0 / h.scale, acc, h.scale * h.scale);
   t.v_scores += rounding_variance(t.scores, act);
   t.v_scores.array() += acc.unit_roundoff * acc.unit_roundoff;
   t.p = Matrix::Zero(m, i1);
@@ -706,8 +737,8 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
       const Matrix kbar = product(p, a.k);
       // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
       // seen through dO_i.
-      Matrix e = product_variance(doh_t, Matrix(), a.v.transpose(), Matrix(), dp, acc) +
-                 rounding_variance(dp, act);
+      Matrix e = product_variance({doh_t}, {a.v, Op::kTransposed}, dp, 1.0, acc);
+      add_by_rows(e, rounding_variance(dp, act));
       if (a.vv.size() > 0) e += product(do2_t, Op::kPlain, a.vv, Op::kTransposed);
       // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
       const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
@@ -912,9 +943,9 @@ Matrix RoundingNoise::token_losses(const CausalLm& m, const std::vector<int64_t>
   const Matrix var_n = rmsnorm_variance(h, var_h, m.final_norm, act, acc);
   const Matrix n = rmsnorm_forward(h, m.final_norm);
   const Matrix logits = product(n, Op::kPlain, m.lm_head, Op::kTransposed);
-  const Matrix var_logits =
-      product_variance(n, var_n, m.lm_head.transpose(), Matrix(), logits, acc) +
-      rounding_variance(logits, act);
+  Matrix var_logits = product_variance({n, Op::kPlain, var_n.size() > 0 ? &var_n : nullptr},
+                                       {m.lm_head, Op::kTransposed}, logits, 1.0, acc);
+  add_by_rows(var_logits, rounding_variance(logits, act));
   store("logits", logits);
   // loss_t = logsumexp(logits_t) - logits_t[target] in fp32: d loss / d logit = p - onehot.
   Matrix var(logits.rows(), 1);
