@@ -92,5 +92,14 @@ TEST(SeededStream, TensorsAreFp64AndMatchTheStream) {
   EXPECT_EQ(t[1][2].item<double>(), 0.5 * SeededStream(5, "x").normal(6));
 }
 
+// The fp32 draw is the fp64 draw converted, bit for bit (a generated weight's values must not
+// depend on which of the two made it), over enough elements to cross the parallel chunks.
+TEST(SeededStream, Fp32TensorsAreTheFp64DrawsConverted) {
+  const auto f = normal_tensor_fp32(7, "w", {129, 257}, 0.02);
+  EXPECT_EQ(f.scalar_type(), at::kFloat);
+  const auto d = normal_tensor(7, "w", {129, 257}, 0.02).to(at::kFloat);
+  EXPECT_TRUE(f.view(at::kInt).equal(d.view(at::kInt)));
+}
+
 }  // namespace
 }  // namespace gradscope

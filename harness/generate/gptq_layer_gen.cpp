@@ -72,7 +72,7 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options) {
-  const auto weight_t = normal_tensor(seed, prefix + "weight", {K, N}, 0.02).to(at::kFloat);
+  const auto weight_t = normal_tensor_fp32(seed, prefix + "weight", {K, N}, 0.02);
   const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
   return quantize_gptq(weight_t, order, options);
 }

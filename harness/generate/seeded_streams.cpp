@@ -70,6 +70,18 @@ at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef s
   return t;
 }
 
+at::Tensor normal_tensor_fp32(uint64_t seed, std::string_view name, at::IntArrayRef shape,
+                              double stddev) {
+  const SeededStream stream(seed, name);
+  auto t = at::empty(shape, at::kFloat);
+  float* p = t.data_ptr<float>();
+  // The conversion ATen's copy makes: the double rounded to the nearest float.
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = static_cast<float>(stddev * stream.normal(i));
+  });
+  return t;
+}
+
 at::Tensor uniform_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape) {
   const SeededStream stream(seed, name);
   auto t = at::empty(shape, at::kDouble);

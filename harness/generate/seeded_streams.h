@@ -34,6 +34,10 @@ class SeededStream {
 // fp64 host tensors (the master copies every implementation converts from).
 at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape,
                          double stddev = 1.0);
+// The same values rounded to fp32 as they are drawn: bit for bit normal_tensor(...).to(kFloat),
+// without the fp64 copy (a generated weight is the size of the layer).
+at::Tensor normal_tensor_fp32(uint64_t seed, std::string_view name, at::IntArrayRef shape,
+                              double stddev = 1.0);
 at::Tensor uniform_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape);
 // A permutation of 0..n-1 (int64), e.g. the act-order quantization order.
 at::Tensor permutation(uint64_t seed, std::string_view name, int64_t n);
