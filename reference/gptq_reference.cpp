@@ -89,15 +89,18 @@ IntMatrix decode_zeros(const GptqLayer& l) {
 }
 
 Matrix dequantize(const GptqLayer& l) {
-  const IntMatrix codes = decode_codes(l);
-  const IntMatrix zeros = decode_zeros(l);
+  const IntMatrix zeros = decode_zeros(l);  // checks the layer
   const int64_t K = l.in_features, N = l.out_features;
   Matrix w(K, N);
+  // Each code decoded where its weight is written, as decode_codes decodes it: no matrix of
+  // codes the size of the layer beside the weight.
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < K; ++k) {
     const int64_t g = l.g_idx[k];
     for (int64_t n = 0; n < N; ++n) {
-      w(k, n) = l.scales[g * N + n] * static_cast<double>(codes(k, n) - zeros(g, n));
+      auto word = [&](int64_t i) { return l.qweight[i * N + n]; };
+      w(k, n) =
+          l.scales[g * N + n] * static_cast<double>(packed_field(word, k, l.bits) - zeros(g, n));
     }
   }
   return w;
