@@ -105,6 +105,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GradscopeInputError as e:
         print(f"gradscope: {e}", file=sys.stderr)
         return 2
+    if rest and rest[0] == "model":  # the Python package's own command (model_command.py)
+        from .model_command import main as model_main
+
+        return model_main(rest[1:])
     if rest and rest[0] in _COMMANDS_NAMING_IMPORTS:
         for name in imports:
             rest += ["--import", name]

@@ -324,6 +324,18 @@ class ModelReport:
     def first_failure(self) -> Optional[ModuleResult]:
         return next((m for m in self.modules if not m.passed), None)
 
+    def divergence_lines(self) -> List[str]:
+        """The first failing module and each of its failing tensors, by path; empty if none."""
+        first = self.first_failure
+        if first is None:
+            return []
+        lines = [f"first divergence: {first.path} ({first.kind}); "
+                 f"{sum(not m.passed for m in self.modules)} of {len(self.modules)} modules "
+                 "failed"]
+        for c in first.cases:
+            lines += [f"  {first.path}.{k.name}: {k.message}" for k in c.checks if not k.passed]
+        return lines
+
     def table(self) -> str:
         """One line per module: verdict, the worst err/limit and where."""
         width = max((len(m.path) for m in self.modules), default=4)
@@ -390,13 +402,6 @@ def check_model(
                                               zero_format=zero_format, raise_on_failure=False))
         for i, (path, kind) in enumerate(found)
     ])
-    first = report.first_failure
-    if first is not None and raise_on_failure:
-        lines = [f"first divergence: {first.path} ({first.kind}); "
-                 f"{sum(not m.passed for m in report.modules)} of {len(report.modules)} modules "
-                 "failed"]
-        for c in first.cases:
-            lines += [f"  {first.path}.{k.name}: {k.message}" for k in c.checks if not k.passed]
-        lines += ["", report.table()]
-        raise AssertionError("\n".join(lines))
+    if report.first_failure is not None and raise_on_failure:
+        raise AssertionError("\n".join(report.divergence_lines() + ["", report.table()]))
     return report

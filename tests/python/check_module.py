@@ -14,22 +14,12 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    its path, and layer 0 still passes.
 """
 import torch
-from peft.tuners.lora import LoraConfig
+from lora_models import ReadsV1AsV2, lora, quant, tiny_llama, tiny_llama_down_proj_bug
 from peft.tuners.lora.gptq import GPTQLoraLinear
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
 
 import gradscope
-
-
-def lora(base, r=8, alpha=16.0, p=0.0, rslora=False, cls=GPTQLoraLinear):
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=p, use_rslora=rslora)
-    return cls(base, "default", config=config, r=r, lora_alpha=alpha, lora_dropout=p,
-               use_rslora=rslora)
-
-
-def quant(inf, outf, bits=4, group=64, bias=False, cls=gradscope.QuantLinear):
-    return cls(bits, group, inf, outf, bias=bias)
 
 
 def expect_failure(module, names, **kw):
@@ -51,12 +41,6 @@ def expect_refusal(module, words, **kw):
         return
     raise AssertionError(f"{type(module).__name__} was not refused")
 
-
-class ReadsV1AsV2(gradscope.QuantLinear):
-    def forward(self, x):
-        w = torch.ops.gradscope.dequantize(self.qweight, self.qzeros, self.scales, self.g_idx,
-                                           self.bits, "gptq_v2", x.dtype)
-        return x @ w
 
 
 class V1WithoutSaying(gradscope.QuantLinear):
@@ -138,23 +122,13 @@ def main():
     expect_refusal(plain, "pass zero_format='gptq' (v1) or 'gptq_v2'")
     assert gradscope.check_module(plain, zero_format="gptq", dtypes="fp32")[0].passed
     # 5. A model, module by module.
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=352,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         num_hidden_layers=2, vocab_size=64))
-    sizes = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
-             "gate_proj": (128, 352), "up_proj": (128, 352), "down_proj": (352, 128)}
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, (i, o) in sizes.items():
-                if hasattr(parent, name):
-                    setattr(parent, name, lora(quant(i, o, group=32), r=4, alpha=8.0))
+    model = tiny_llama()
     report = gradscope.check_model(model)
     assert report.passed and [(m.path, m.kind) for m in report.modules] == [
         ("model.layers.0.self_attn", "qkv"), ("model.layers.0.self_attn.o_proj", "lora_w"),
         ("model.layers.0.mlp", "mlp"), ("model.layers.1.self_attn", "qkv"),
         ("model.layers.1.self_attn.o_proj", "lora_w"), ("model.layers.1.mlp", "mlp")], report
-    model.model.layers[1].mlp.down_proj = lora(quant(352, 128, group=32, cls=ReadsV1AsV2), r=4,
-                                                alpha=8.0)
+    model = tiny_llama_down_proj_bug()
     try:
         gradscope.check_model(model)
         raise RuntimeError("a planted bug in layer 1 passed check_model")

@@ -1,0 +1,58 @@
+"""Models as users build them for gradscope's Python tests: peft's GPTQ LoRA layer over a GPTQ
+QuantLinear, and a small LlamaForCausalLM with LoRA on all seven projections. Also factories
+for `python -m gradscope model lora_models:NAME`."""
+import torch
+from peft.tuners.lora import LoraConfig
+from peft.tuners.lora.gptq import GPTQLoraLinear
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import gradscope
+
+
+def lora(base, r=8, alpha=16.0, p=0.0, rslora=False, cls=GPTQLoraLinear):
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=p, use_rslora=rslora)
+    return cls(base, "default", config=config, r=r, lora_alpha=alpha, lora_dropout=p,
+               use_rslora=rslora)
+
+
+def quant(inf, outf, bits=4, group=64, bias=False, cls=gradscope.QuantLinear):
+    return cls(bits, group, inf, outf, bias=bias)
+
+
+class ReadsV1AsV2(gradscope.QuantLinear):
+    """A planted bug: a base that reads v1 zero points as v2."""
+
+    def forward(self, x):
+        w = torch.ops.gradscope.dequantize(self.qweight, self.qzeros, self.scales, self.g_idx,
+                                           self.bits, "gptq_v2", x.dtype)
+        return x @ w
+
+
+LLAMA_SIZES = {"q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64),
+               "o_proj": (128, 128), "gate_proj": (128, 352), "up_proj": (128, 352),
+               "down_proj": (352, 128)}
+
+
+def tiny_llama(layers=2):
+    """A LlamaForCausalLM (hidden 128, 4 heads over 2, MLP 352) with LoRA r4 over a 4-bit
+    group-32 base on all seven projections of every layer."""
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=352,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=layers, vocab_size=64))
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, (i, o) in LLAMA_SIZES.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, lora(quant(i, o, group=32), r=4, alpha=8.0))
+    return model
+
+
+def tiny_llama_down_proj_bug():
+    """tiny_llama with layer 1's down_proj base reading v1 zero points as v2."""
+    model = tiny_llama()
+    model.model.layers[1].mlp.down_proj = lora(quant(352, 128, group=32, cls=ReadsV1AsV2), r=4,
+                                                alpha=8.0)
+    return model
+
+
+NOT_A_MODEL = 42

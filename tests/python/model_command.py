@@ -1,0 +1,83 @@
+"""`python -m gradscope model MODULE:FACTORY` as a user runs it (docs/python.md, "check_model").
+
+Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, transformers)
+1. A two-layer Llama with LoRA on all seven projections: exit 0, the table on the console,
+   --json with every module passing and --html a heatmap with no failing cell.
+2. The same with a bug in layer 1's down_proj base: exit 1, "first divergence:
+   model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap.
+3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model, an
+   output folder that does not exist, an unknown dtype.
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from gradscope import api
+
+
+def run(*args):
+    r = subprocess.run([sys.executable, "-m", "gradscope", "model", *args], capture_output=True,
+                       text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def run_in_process(*args):
+    """The same command in this process (the bad inputs: no model is judged)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = api.main(["model", *args])
+    return rc, out.getvalue()
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        j, h = os.path.join(d, "model.json"), os.path.join(d, "model.html")
+        # 1. Passes.
+        rc, out = run("lora_models:tiny_llama", "--dtype", "fp32", "--json", j, "--html", h)
+        assert rc == 0, out
+        assert "model.layers.1.mlp" in out and "FAIL" not in out, out
+        data = json.load(open(j))
+        assert data["passed"] and data["first_divergence"] is None, data
+        assert [m["path"] for m in data["modules"]][:3] == [
+            "model.layers.0.self_attn", "model.layers.0.self_attn.o_proj", "model.layers.0.mlp"]
+        ratios = [k["error_to_limit"] for m in data["modules"] for c in m["cases"]
+                  for k in c["checks"]]
+        assert ratios and all(0 <= r < 1 for r in ratios), ratios
+        page = open(h).read()
+        assert "all 6 modules pass" in page and ">FAIL<" not in page, page[:500]
+
+        # 2. A planted bug in layer 1's down_proj.
+        rc, out = run("lora_models:tiny_llama_down_proj_bug", "--dtype", "fp32", "--json", j,
+                      "--html", h)
+        assert rc == 1, out
+        assert "first divergence: model.layers.1.mlp (mlp); 1 of 6 modules failed" in out, out
+        assert "model.layers.1.mlp.output" in out, out
+        data = json.load(open(j))
+        assert not data["passed"] and data["first_divergence"] == "model.layers.1.mlp", data
+        page = open(h).read()
+        assert "first divergence: model.layers.1.mlp" in page and ">FAIL<" in page
+
+        # 3. Bad input: exit 2, named, nothing written.
+        for args, words in [
+            (("lora_models:no_such_model",), "lora_models has no no_such_model"),
+            (("lora_models:NOT_A_MODEL",), "gave a int, expected a torch.nn.Module"),
+            (("no_such_module_xyz:model",), "cannot import no_such_module_xyz"),
+            (("lora_models",), "expected MODULE:NAME"),
+            (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
+            (("lora_models:tiny_llama", "--json", os.path.join(d, "missing", "r.json")),
+             "its folder does not exist"),
+        ]:
+            before = sorted(os.listdir(d))
+            rc, out = run_in_process(*args)
+            assert rc == 2 and words in out, (args, rc, out)
+            assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
+    print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
+          "layer 1's down_proj is the first divergence (exit 1); six bad inputs exit 2")
+
+
+if __name__ == "__main__":
+    main()
