@@ -64,7 +64,12 @@ def _load_model(spec: str) -> torch.nn.Module:
         if not hasattr(target, part):
             raise api.GradscopeInputError(f"{spec}: {module_name} has no {attribute}")
         target = getattr(target, part)
-    model = target() if callable(target) and not isinstance(target, torch.nn.Module) else target
+    model = target
+    if callable(target) and not isinstance(target, torch.nn.Module):
+        try:
+            model = target()
+        except Exception as e:  # the user's own code: named, not a traceback through gradscope
+            raise api.GradscopeInputError(f"{spec}() raised {type(e).__name__}: {e}") from e
     if not isinstance(model, torch.nn.Module):
         raise api.GradscopeInputError(f"{spec} gave a {type(model).__name__}, expected a "
                                       "torch.nn.Module")

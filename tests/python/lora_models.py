@@ -56,3 +56,7 @@ def tiny_llama_down_proj_bug():
 
 
 NOT_A_MODEL = 42
+
+
+def raises():
+    raise RuntimeError("no weights at /nowhere")

@@ -5,8 +5,8 @@ Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, trans
    --json with every module passing and --html a heatmap with no failing cell.
 2. The same with a bug in layer 1's down_proj base: exit 1, "first divergence:
    model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap.
-3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model, an
-   output folder that does not exist, an unknown dtype.
+3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model or
+   that raises, an output folder that does not exist, an unknown dtype.
 """
 import contextlib
 import io
@@ -65,6 +65,7 @@ def main():
         for args, words in [
             (("lora_models:no_such_model",), "lora_models has no no_such_model"),
             (("lora_models:NOT_A_MODEL",), "gave a int, expected a torch.nn.Module"),
+            (("lora_models:raises",), "lora_models:raises() raised RuntimeError: no weights"),
             (("no_such_module_xyz:model",), "cannot import no_such_module_xyz"),
             (("lora_models",), "expected MODULE:NAME"),
             (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
@@ -76,7 +77,7 @@ def main():
             assert rc == 2 and words in out, (args, rc, out)
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
-          "layer 1's down_proj is the first divergence (exit 1); six bad inputs exit 2")
+          "layer 1's down_proj is the first divergence (exit 1); seven bad inputs exit 2")
 
 
 if __name__ == "__main__":
