@@ -58,28 +58,33 @@ uint64_t SeededStream::bits64(uint64_t index) const {
   return (static_cast<uint64_t>(b[0]) << 32) | b[1];
 }
 
-at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape,
-                         double stddev) {
+namespace {
+
+// stddev * normal(i) for every element i, stored as T (a double rounded to the nearest float
+// for fp32, the conversion ATen's copy makes). Element i depends on i alone, so threads cannot
+// change the values.
+template <class T>
+at::Tensor draw_normal(uint64_t seed, std::string_view name, at::IntArrayRef shape, double stddev,
+                       at::ScalarType dtype) {
   const SeededStream stream(seed, name);
-  auto t = at::empty(shape, at::kDouble);
-  double* p = t.data_ptr<double>();
-  // Element i depends on i alone, so threads cannot change the values.
+  auto t = at::empty(shape, dtype);
+  T* p = t.data_ptr<T>();
   at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) p[i] = stddev * stream.normal(i);
+    for (int64_t i = begin; i < end; ++i) p[i] = static_cast<T>(stddev * stream.normal(i));
   });
   return t;
 }
 
+}  // namespace
+
+at::Tensor normal_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape,
+                         double stddev) {
+  return draw_normal<double>(seed, name, shape, stddev, at::kDouble);
+}
+
 at::Tensor normal_tensor_fp32(uint64_t seed, std::string_view name, at::IntArrayRef shape,
                               double stddev) {
-  const SeededStream stream(seed, name);
-  auto t = at::empty(shape, at::kFloat);
-  float* p = t.data_ptr<float>();
-  // The conversion ATen's copy makes: the double rounded to the nearest float.
-  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) p[i] = static_cast<float>(stddev * stream.normal(i));
-  });
-  return t;
+  return draw_normal<float>(seed, name, shape, stddev, at::kFloat);
 }
 
 at::Tensor uniform_tensor(uint64_t seed, std::string_view name, at::IntArrayRef shape) {
