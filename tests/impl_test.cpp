@@ -34,12 +34,12 @@ TEST(Impl, PlainTorchLoraWPassesEverySmokeCase) {
                           {kCases + "/smoke/lora_w.toml", "--quiet", "--json", dir.path("r.json")});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "24 passed, 0 failed")) << r.out;
-  EXPECT_TRUE(has(r.out, "implementation under test: plain_torch (schema 2; " + kLibrary + ")"))
+  EXPECT_TRUE(has(r.out, "implementation under test: plain_torch (schema 3; " + kLibrary + ")"))
       << r.out;
   std::ifstream in(dir.path("r.json"));
   const auto report = nlohmann::json::parse(in);
   EXPECT_EQ(report["implementation"]["namespace"], "plain_torch");
-  EXPECT_EQ(report["implementation"]["schema_version"], 2);
+  EXPECT_EQ(report["implementation"]["schema_version"], 3);
 }
 
 TEST(Impl, LeavingTheScalingOutFailsTheOutputAndBothAdapterGradients) {
@@ -104,6 +104,24 @@ TEST(Impl, AMissingOperatorOrNamespaceIsRefusedNamingIt) {
   const auto unknown = run_impl("nobody", {kCases + "/smoke/lora_w.toml"});
   EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(has(unknown.err, "has no operator nobody::lora_w")) << unknown.err;
+}
+
+// decoder_layer is optional: the cases that call it are unsupported by an implementation of the
+// LoRA operators alone (which still runs the rest of a suite), each naming the operator; a run
+// of only such cases judged nothing (exit 2). A layer case of LoRA ops never asks for it.
+TEST(Impl, WithoutTheOptionalDecoderLayerItsCasesAreUnsupported) {
+  const auto r = run_impl("plain_torch", {kCases + "/smoke/layer_whole.toml"});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "0 passed, 0 failed, 3 unsupported by plain_torch")) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "has no operator plain_torch::decoder_layer (expected "
+                  "plain_torch::decoder_layer(Tensor x, Tensor input_norm"))
+      << r.out;
+  EXPECT_TRUE(has(r.err, "no case was judged: 3 unsupported")) << r.err;
+  const auto mixed = run_impl("plain_torch", {kCases + "/smoke/layer_whole.toml",
+                                              kCases + "/smoke/lora_w.toml", "--quiet"});
+  EXPECT_EQ(mixed.code, 0) << mixed.out << mixed.err;
+  EXPECT_TRUE(has(mixed.out, "3 unsupported by plain_torch")) << mixed.out;
 }
 
 TEST(Impl, KindsOutsideTheContractAreRefused) {

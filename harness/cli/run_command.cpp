@@ -123,16 +123,15 @@ bool prepare_run(const std::vector<SelectedCase>& selected, const ReportOptions&
   // The implementation under test: its libraries loaded, every operator the selected kinds
   // call present with the contract's schema, before any case runs.
   impl::load_libraries(o.impl.libraries);
-  std::set<std::string> kinds, ops;
-  for (const auto& sc : selected) kinds.insert(sc.spec.kind);
-  for (const auto& kind : kinds) {
-    const auto kind_ops = find_kind(kind)->prod_ops();
-    if (kind_ops.empty() && !o.impl.is_default()) {
-      throw InputError("--impl " + o.impl.ns + ": kind '" + kind +
+  std::set<std::string> ops;
+  for (const auto& sc : selected) {
+    const auto case_ops = find_kind(sc.spec.kind)->prod_ops(sc.spec);
+    if (case_ops.empty() && !o.impl.is_default()) {
+      throw InputError("--impl " + o.impl.ns + ": kind '" + sc.spec.kind +
                        "' runs gradscope's own kernels only (its ranks shard gradscope's "
                        "storage); select other kinds with --filter or case files");
     }
-    ops.insert(kind_ops.begin(), kind_ops.end());
+    ops.insert(case_ops.begin(), case_ops.end());
   }
   impl::require_ops(o.impl, {ops.begin(), ops.end()});
   return any_cuda;

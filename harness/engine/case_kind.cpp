@@ -49,6 +49,10 @@ double CaseKind::host_bytes_at_least(const CaseSpec& spec) const {
   return decl_.host_bytes_at_least ? decl_.host_bytes_at_least(spec) : 0.0;
 }
 
+std::vector<std::string> CaseKind::prod_ops(const CaseSpec& spec) const {
+  return decl_.prod_ops_of_case ? decl_.prod_ops_of_case(spec) : decl_.prod_ops;
+}
+
 int64_t CaseKind::processes_needed(const CaseSpec& spec) const {
   return decl_.processes_needed ? decl_.processes_needed(spec) : 0;
 }

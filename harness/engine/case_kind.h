@@ -83,6 +83,9 @@ struct KindDecl {
   // The operators of the implementation under test the kind calls (harness/impl/impl_ops.h);
   // empty: the kind runs gradscope's own kernels directly and takes no other --impl.
   std::vector<std::string> prod_ops;
+  // Set where a case's fields choose among them (kind layer's prod_calls): the operators that
+  // case calls, in place of prod_ops.
+  std::function<std::vector<std::string>(const CaseSpec&)> prod_ops_of_case;
   // A lower bound of the host memory a case holds at once (the reference's fp64 dense
   // weights and activations): a case above the machine's memory is refused before anything
   // is allocated. Unset: no bound known.
@@ -120,7 +123,8 @@ class CaseKind {
   const std::vector<FieldSpec>& fields() const { return decl_.fields; }
   std::string case_id(const CaseSpec& spec) const { return decl_.case_id(spec); }
   void validate(const CaseSpec& spec) const { decl_.validate(spec); }
-  const std::vector<std::string>& prod_ops() const { return decl_.prod_ops; }
+  // The operators of --impl this case calls.
+  std::vector<std::string> prod_ops(const CaseSpec& spec) const;
   double host_bytes_at_least(const CaseSpec& spec) const;
   int64_t processes_needed(const CaseSpec& spec) const;
   bool sampled() const { return static_cast<bool>(decl_.sample); }

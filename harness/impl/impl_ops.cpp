@@ -58,7 +58,14 @@ bool is_not_implemented(const std::exception& e) {
 }
 
 torch::jit::Stack call(const std::string& ns, const std::string& name, torch::jit::Stack stack) {
-  const auto op = find(ns, name);
+  const auto op = [&] {
+    try {
+      return find(ns, name);
+    } catch (const InputError& e) {
+      if (!op_schema(name).optional) throw;
+      throw Unsupported(std::string(e.what()) + "; an optional operator (docs/implementations.md)");
+    }
+  }();
   try {
     op.callBoxed(&stack);
   } catch (const std::exception& e) {
@@ -234,6 +241,9 @@ void require_ops(const ImplChoice& impl, const std::vector<std::string>& ops) {
   if (!op_registration_linked()) throw std::logic_error("gradscope's operators are not linked");
   const std::string& ns = impl.ns;
   for (const auto& name : ops) {
+    const auto registered = c10::Dispatcher::singleton().findOp({ns + "::" + name, ""});
+    // Left out, an optional operator makes the cases that call it unsupported (call()).
+    if (op_schema(name).optional && !(registered && registered->hasSchema())) continue;
     c10::OperatorHandle op = [&] {
       try {
         return find(ns, name);
@@ -307,6 +317,17 @@ at::Tensor Ops::lora_mlp(const at::Tensor& x, const LoraProjection& gate, const 
       {x, projection_list(gate), projection_list(up), projection_list(down),
        static_cast<int64_t>(gate.base.bits), to_string(gate.base.format), args.alpha, args.rslora,
        mask_of(dropout_x), mask_of(dropout_h), std::max(dropout_x.p, dropout_h.p)});
+  return out.at(0).toTensor();
+}
+
+at::Tensor Ops::decoder_layer(const at::Tensor& x, const DecoderLayer& l,
+                              const LoraArgs& args) const {
+  auto out = call(
+      ns_, "decoder_layer",
+      {x, l.input_norm, l.post_attention_norm, projection_list(l.q), projection_list(l.k),
+       projection_list(l.v), projection_list(l.o), projection_list(l.gate), projection_list(l.up),
+       projection_list(l.down), static_cast<int64_t>(l.q.base.bits), to_string(l.q.base.format),
+       args.alpha, args.rslora, l.heads, l.kv_heads, l.norm_eps, l.rope_theta, l.position_offset});
   return out.at(0).toTensor();
 }
 

@@ -84,6 +84,9 @@ class Ops {
   at::Tensor lora_mlp(const at::Tensor& x, const LoraProjection& gate, const LoraProjection& up,
                       const LoraProjection& down, const LoraArgs& args,
                       const LoraDropout& dropout_x, const LoraDropout& dropout_h) const;
+  // The whole layer (its heads, norms' epsilon, RoPE theta and first position from `layer`).
+  at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer,
+                           const LoraArgs& args) const;
 
  private:
   std::string ns_;

@@ -68,7 +68,7 @@ at::Tensor token_losses(const FrozenModel& m, const std::vector<DecoderLayer>& l
     h = pass.role == tb::Role::kProd ? decoder_layer(h, layer, pass.prod_ops)
                                      : baseline::decoder_layer(h, layer);
   }
-  const auto logits = at::matmul(rms_norm(h, m.final_norm, decoder_stack::kNormEps), m.lm_head.t());
+  const auto logits = at::matmul(rms_norm(h, m.final_norm, m.norm_eps), m.lm_head.t());
   return at::cross_entropy_loss(logits.reshape({-1, m.lm_head.size(0)}).to(at::kFloat),
                                 batch.targets, {}, at::Reduction::None);
 }

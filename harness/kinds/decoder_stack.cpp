@@ -2,12 +2,22 @@
 
 #include <ATen/ATen.h>
 
+#include <sstream>
+
 #include "harness/common/tensor_bridge.h"
 #include "harness/generate/seeded_streams.h"
 
 namespace gradscope::decoder_stack {
 
 namespace tb = lora_testbed;
+
+constexpr double kDefaultRmsEps = 1e-5, kDefaultRopeTheta = 10000.0;
+
+std::string short_number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
 
 std::vector<FieldSpec> fields() {
   return {
@@ -25,6 +35,12 @@ std::vector<FieldSpec> fields() {
       FieldSpec("max_position", FieldType::kInt, int64_t{4096},
                 "the model's context: realistic positions stay below it")
           .in_range(1, 1 << 24),
+      FieldSpec("rms_eps", FieldType::kFloat, kDefaultRmsEps,
+                "RMSNorm epsilon (Hugging Face's rms_norm_eps)")
+          .in_range(1e-12, 1),
+      FieldSpec("rope_theta", FieldType::kFloat, kDefaultRopeTheta,
+                "RoPE base (default rotary embedding; Llama 3 uses 500000)")
+          .in_range(1, 1e12),
   };
 }
 
@@ -69,7 +85,9 @@ Dims::Dims(const CaseSpec& s)
       kv_heads(s.get_int("kv_heads")),
       layers(s.get_int("layers")),
       position_offset(s.get_int("position_offset")),
-      max_position(s.get_int("max_position")) {}
+      max_position(s.get_int("max_position")),
+      rms_eps(s.get_float("rms_eps")),
+      rope_theta(s.get_float("rope_theta")) {}
 
 std::string Dims::id_part() const {
   std::string id = "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
@@ -77,12 +95,15 @@ std::string Dims::id_part() const {
                    std::to_string(layers);
   if (position_offset != 0) id += ".pos" + std::to_string(position_offset);
   if (max_position != 4096) id += ".ctx" + std::to_string(max_position);
+  if (rms_eps != kDefaultRmsEps) id += ".eps" + short_number(rms_eps);
+  if (rope_theta != kDefaultRopeTheta) id += ".theta" + short_number(rope_theta);
   return id;
 }
 
 reference::AttentionShape Dims::attention(const tb::Config& c) const {
   reference::AttentionShape shape{c.batch, c.seq, heads, kv_heads, hidden / heads};
   shape.position_offset = first_position(c.seed, c.inputs, position_offset, max_position, c.seq);
+  shape.rope_theta = rope_theta;
   return shape;
 }
 
@@ -120,7 +141,7 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
     const auto norm = [&](const char* name, reference::RmsNorm& ref) {
       const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
       auto w = (normal_tensor(c.seed, stream, {d.hidden}, 0.1) + 1.0).to(c.dtype);
-      ref = {bridge::to_matrix(w.to(at::kDouble).view({1, d.hidden})).row(0), kNormEps};
+      ref = {bridge::to_matrix(w.to(at::kDouble).view({1, d.hidden})).row(0), d.rms_eps};
       return w;
     };
     L.input_norm = norm("input_norm", L.ref.input_norm);
@@ -135,7 +156,8 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
   layer.position_offset = position_offset;
   layer.input_norm = L.input_norm.to(c.device);
   layer.post_attention_norm = L.post_attention_norm.to(c.device);
-  layer.norm_eps = kNormEps;
+  layer.norm_eps = d.rms_eps;
+  layer.rope_theta = d.rope_theta;
   layer.heads = d.heads;
   layer.kv_heads = d.kv_heads;
   for (const auto& p : L.projections) member(layer, p.name) = p.of(role);

@@ -12,9 +12,8 @@
 
 namespace gradscope::decoder_stack {
 
-inline constexpr double kNormEps = 1e-5;
-
-// hidden, intermediate, heads, kv_heads, layers, position_offset, max_position.
+// hidden, intermediate, heads, kv_heads, layers, position_offset, max_position, rms_eps,
+// rope_theta.
 std::vector<FieldSpec> fields();
 // Heads dividing hidden into even widths, kv_heads dividing heads, GPTQ shapes, no
 // dropout (it is checked per op), batch >= 1.
@@ -23,8 +22,10 @@ void validate(const CaseSpec& spec, const std::string& kind);
 struct Dims {
   int64_t hidden, intermediate, heads, kv_heads, layers;
   int64_t position_offset, max_position;
+  double rms_eps, rope_theta;
   explicit Dims(const CaseSpec& spec);
-  // "h128i256.q4kv2.L2", then ".pos<offset>" and ".ctx<max_position>" where not the default
+  // "h128i256.q4kv2.L2", then ".pos<offset>", ".ctx<max_position>", ".eps<rms_eps>" and
+  // ".theta<rope_theta>" where not the default
   std::string id_part() const;
   // The attention's shape and its tokens' first position (by the input profile).
   reference::AttentionShape attention(const lora_testbed::Config& c) const;

@@ -78,6 +78,12 @@ void positions(CaseDraw& d) {
   }
 }
 
+void norm_and_rope(CaseDraw& d) {
+  CaseDraw r = d.substream("norm_and_rope");
+  if (r.chance(0.3)) r.set("rms_eps", 1e-6);
+  if (r.chance(0.3)) r.set("rope_theta", 500000.0);
+}
+
 void x_zeros(CaseDraw& d) {
   CaseDraw z = d.substream("x_zeros");
   if (z.chance(0.15)) z.set("x_zeros", z.chance(0.5) ? 0.1 : 0.5);

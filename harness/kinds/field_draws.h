@@ -25,6 +25,9 @@ void lora(CaseDraw& d, bool dropout, bool flat_input, int64_t max_tokens);
 void decoder_shape(CaseDraw& d, int64_t bits);
 // The positions of a decoder case: with the unit profile, sometimes deep into a context.
 void positions(CaseDraw& d);
+// A decoder's RMSNorm epsilon and RoPE base, from a stream of their own: sometimes Hugging
+// Face's Llama defaults (1e-6) or Llama 3's base (500000) instead of the fields' defaults.
+void norm_and_rope(CaseDraw& d);
 // Exact zeros in the activations, from a stream of their own.
 void x_zeros(CaseDraw& d);
 

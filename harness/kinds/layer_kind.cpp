@@ -19,10 +19,18 @@ namespace {
 namespace tb = lora_testbed;
 namespace ds = decoder_stack;
 
+// prod_calls: which operators of the implementation under test a case calls.
+constexpr const char* kLoraOps = "lora_ops";            // its LoRA ops inside gradscope's layer
+constexpr const char* kDecoderLayer = "decoder_layer";  // its whole decoder layer
+
 class LayerTestbed final : public Testbed {
  public:
   explicit LayerTestbed(const CaseContext& context)
-      : context_(context), c_(context.spec), dims_(context.spec), shape_(dims_.attention(c_)) {}
+      : context_(context),
+        c_(context.spec),
+        dims_(context.spec),
+        shape_(dims_.attention(c_)),
+        whole_layer_(context.spec.get_string("prod_calls") == kDecoderLayer) {}
 
   // The reference's values feed prod and base: it runs first (docs/verification.md).
   PhasePlan plan() const override { return {true, false, true}; }
@@ -125,8 +133,8 @@ class LayerTestbed final : public Testbed {
   // timed on its own (prod.setup_seconds, base.setup_seconds).
   void run(tb::Role role, std::vector<Pass>& passes) {
     const bool is_prod = role == tb::Role::kProd;
-    const auto ops = is_prod ? impl::layer_ops(impl::Ops(context_.options.impl), c_.lora_args())
-                             : LayerLoraOps{};
+    const impl::Ops impl(context_.options.impl);
+    const auto ops = is_prod ? impl::layer_ops(impl, c_.lora_args()) : LayerLoraOps{};
     const int64_t n = dims_.layers;
     for (int64_t i = 0; i < n; ++i) {
       const auto h = i == 0 ? x_.of(role) : rounded(inputs_[i]).to(c_.device).requires_grad_(true);
@@ -134,7 +142,9 @@ class LayerTestbed final : public Testbed {
       PhaseTimer setup(c_.device.is_cuda(), false);
       const auto d = ds::device_layer(c_, dims_, stack_[i], role, shape_.position_offset);
       (is_prod ? prod_setup_seconds_ : base_setup_seconds_) += setup.seconds();
-      const auto y = is_prod ? decoder_layer(h, d, ops) : baseline::decoder_layer(h, d);
+      const auto y = !is_prod       ? baseline::decoder_layer(h, d)
+                     : whole_layer_ ? impl.decoder_layer(h, d, c_.lora_args())
+                                    : decoder_layer(h, d, ops);
       passes.push_back({y.detach(), tb::backward({y}, {dy}, h, ds::named_projections(d))});
     }
   }
@@ -147,6 +157,7 @@ class LayerTestbed final : public Testbed {
   const tb::Config c_;
   const ds::Dims dims_;
   const reference::AttentionShape shape_;
+  const bool whole_layer_;
   std::vector<ds::StackLayer> stack_;
   tb::Activation x_, dy_;
   std::vector<reference::LayerTape> tapes_;
@@ -165,13 +176,24 @@ KindDecl layer_kind() {
   KindDecl k;
   k.name = "layer";
   k.fields = ds::fields();
+  using report::SpecValue;
+  k.fields.push_back(
+      FieldSpec("prod_calls", FieldType::kString, SpecValue(std::string(kLoraOps)),
+                "what prod runs: its LoRA ops inside gradscope's decoder layer (lora_ops) or "
+                "its own whole decoder layer (decoder_layer)")
+          .one_of({SpecValue(std::string(kLoraOps)), SpecValue(std::string(kDecoderLayer))}));
   for (auto& f : lora_testbed::fields()) k.fields.push_back(std::move(f));
   k.case_id = [](const CaseSpec& s) {
+    const bool whole = s.get_string("prod_calls") == kDecoderLayer;
     return "layer." + s.get_string("dtype") + "." + ds::Dims(s).id_part() +
-           tb::Config(s).id_suffix();
+           (whole ? ".whole" : "") + tb::Config(s).id_suffix();
   };
   k.validate = [](const CaseSpec& s) { ds::validate(s, "layer"); };
   k.prod_ops = {"lora_qkv", "lora_w", "lora_mlp"};
+  k.prod_ops_of_case = [ops = k.prod_ops](const CaseSpec& s) {
+    return s.get_string("prod_calls") == kDecoderLayer ? std::vector<std::string>{kDecoderLayer}
+                                                       : ops;
+  };
   k.host_bytes_at_least = ds::stack_reference_bytes;
   k.testbed = [](const CaseContext& c) { return std::make_unique<LayerTestbed>(c); };
   k.sample = [](CaseDraw& d) {
@@ -180,6 +202,7 @@ KindDecl layer_kind() {
     field_draws::lora(d, false, false, 96);
     field_draws::positions(d);
     field_draws::x_zeros(d);
+    field_draws::norm_and_rope(d);
   };
   return k;
 }

@@ -48,10 +48,11 @@ class TrainingTestbed final : public Testbed {
                                        1.0 / std::sqrt(double(dims_.hidden)))
                              .to(c_.dtype);
     batches_ = make_batches(c_, t_);
-    frozen_ = {embedding.to(c_.device), final_norm.to(c_.device), lm_head.to(c_.device)};
+    frozen_ = {embedding.to(c_.device), final_norm.to(c_.device), lm_head.to(c_.device),
+               dims_.rms_eps};
     ref_model_.embedding = bridge::to_matrix(embedding);
     for (const auto& L : stack_) ref_model_.layers.push_back(L.ref);
-    ref_model_.final_norm = {bridge::to_matrix(final_norm.view({1, -1})).row(0), ds::kNormEps};
+    ref_model_.final_norm = {bridge::to_matrix(final_norm.view({1, -1})).row(0), dims_.rms_eps};
     ref_model_.lm_head = bridge::to_matrix(lm_head);
     ref_model_.shape = dims_.attention(c_);
     // Prod's packed words as generated: it must hand them back untouched.
@@ -231,6 +232,7 @@ KindDecl training_kind() {
     d.set("lr", d.pick<double>({1e-3, 5e-3}));
     field_draws::lora(d, false, false, 48);
     field_draws::positions(d);
+    field_draws::norm_and_rope(d);
   };
   return k;
 }

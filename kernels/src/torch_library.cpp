@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gradscope/decoder_layer.h"
 #include "gradscope/dequant.h"
 #include "gradscope/lora_ops.h"
 #include "gradscope/op_schemas.h"
@@ -105,6 +106,30 @@ at::Tensor lora_mlp_op(const at::Tensor& x, at::TensorList gate, at::TensorList 
                   dropout(mask_x, p), dropout(mask_h, p));
 }
 
+// gradscope's own decoder layer over its own fused LoRA ops.
+at::Tensor decoder_layer_op(const at::Tensor& x, const at::Tensor& input_norm,
+                            const at::Tensor& post_attention_norm, at::TensorList q,
+                            at::TensorList k, at::TensorList v, at::TensorList o,
+                            at::TensorList gate, at::TensorList up, at::TensorList down,
+                            int64_t bits, const std::string& format, double alpha, bool rslora,
+                            int64_t heads, int64_t kv_heads, double rms_eps, double rope_theta,
+                            int64_t position_offset) {
+  DecoderLayer l;
+  l.input_norm = input_norm;
+  l.post_attention_norm = post_attention_norm;
+  l.norm_eps = rms_eps;
+  const auto p = [&](const char* name, at::TensorList t) {
+    return projection("decoder_layer", name, t, bits, format, alpha, rslora);
+  };
+  l.q = p("q", q), l.k = p("k", k), l.v = p("v", v), l.o = p("o", o);
+  l.gate = p("gate", gate), l.up = p("up", up), l.down = p("down", down);
+  l.heads = heads;
+  l.kv_heads = kv_heads;
+  l.rope_theta = rope_theta;
+  l.position_offset = position_offset;
+  return decoder_layer(x, l);
+}
+
 }  // namespace
 
 bool op_registration_linked() {
@@ -122,4 +147,5 @@ TORCH_LIBRARY_IMPL(gradscope, CompositeImplicitAutograd, m) {
   m.impl("lora_w", &gradscope::lora_w_op);
   m.impl("lora_qkv", &gradscope::lora_qkv_op);
   m.impl("lora_mlp", &gradscope::lora_mlp_op);
+  m.impl("decoder_layer", &gradscope::decoder_layer_op);
 }

@@ -76,12 +76,14 @@ def _import_all(modules: Iterable[str]) -> None:
 
 
 def define_ops(library, names: Optional[Iterable[str]] = None) -> None:
-    """Defines the contract's operators (all, or `names`) in a torch.library.Library("ns",
-    "DEF"), so an implementation registers only their kernels: library.impl(name, fn, key)."""
+    """Defines the contract's operators (all but the optional decoder_layer, or `names`) in a
+    torch.library.Library("ns", "DEF"), so an implementation registers only their kernels:
+    library.impl(name, fn, key)."""
     for name in names if names is not None else OP_SCHEMAS_ORDER:
         library.define(_gradscope.OP_SCHEMAS[name])
 
 
+# What define_ops(library) defines; the optional decoder_layer only when named.
 OP_SCHEMAS_ORDER = ("dequantize", "lora_w", "lora_qkv", "lora_mlp")
 
 

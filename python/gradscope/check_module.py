@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import math
 import os
+import sys
 import tempfile
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -78,8 +79,36 @@ def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[d
     }
 
 
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _is_decoder_layer(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, a) for a in ("self_attn", "mlp", "input_layernorm",
+                                            "post_attention_layernorm"))
+
+
+def _layer_projections(layer: torch.nn.Module, adapter: str) -> Dict[str, dict]:
+    """The seven LoRA linears of a Llama-family decoder layer, by projection name."""
+    found, plain = {}, []
+    for parent, names in (("self_attn", _ATTENTION), ("mlp", _MLP)):
+        for name in names:
+            child = getattr(getattr(layer, parent), name, None)
+            p = None if child is None else _lora_linear(child, f"{parent}.{name}", adapter)
+            if p is None:
+                plain.append(f"{parent}.{name}")
+            else:
+                found[name] = p
+    if plain:
+        raise ModuleRefused(f"{', '.join(plain)}: not a LoRA linear over a GPTQ base (a decoder "
+                            "layer is checked with LoRA on all seven projections)")
+    return found
+
+
 def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
                  ) -> Tuple[str, Dict[str, dict]]:
+    if _is_decoder_layer(module) and kind in (None, "layer"):
+        return "layer", _layer_projections(module, adapter)
     own = _lora_linear(module, "", adapter)
     if own is not None:
         if kind not in (None, "lora_w"):
@@ -98,7 +127,9 @@ def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
         return name, found
     raise ModuleRefused(f"{type(module).__name__}: not a module check_module reads: a LoRA "
                         "linear over a GPTQ QuantLinear (peft's lora_A/lora_B/base_layer), an MLP "
-                        "of gate_proj/up_proj/down_proj, or an attention's q_proj/k_proj/v_proj")
+                        "of gate_proj/up_proj/down_proj, an attention's q_proj/k_proj/v_proj, or "
+                        "a Llama-family decoder layer (self_attn, mlp, input_layernorm, "
+                        "post_attention_layernorm)")
 
 
 def _common(projections: Dict[str, dict], field: str, zero_format: Optional[str]):
@@ -124,11 +155,107 @@ def _activation_is_silu(mlp: torch.nn.Module) -> None:
                             "reference models SwiGLU (down(silu(gate(x)) * up(x))) only")
 
 
+@dataclasses.dataclass
+class _LayerConfig:
+    """What the reference needs of a decoder layer beyond its projections, and how to call it."""
+
+    heads: int
+    kv_heads: int
+    rms_eps: float
+    rope_theta: float
+    eager: bool  # eager attention takes the causal mask; SDPA's is_causal applies it without one
+    rotary: torch.nn.Module  # the model family's own rotary embedding, from the layer's config
+
+
+def _rms_norm_eps(layer: torch.nn.Module) -> float:
+    """The layers' shared epsilon, after probing that each norm is weight * x / rms(x)."""
+    eps = {}
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        norm = getattr(layer, name)
+        e = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        weight = getattr(norm, "weight", None)
+        if e is None or weight is None:
+            raise ModuleRefused(f"{name} ({type(norm).__name__}): no weight and variance_epsilon; "
+                                "the reference models Hugging Face's RMSNorm")
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3, weight.shape[0], generator=g).to(weight.device)
+        expected = weight.float() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e))
+        with torch.no_grad():
+            got = norm(x).float()
+        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            raise ModuleRefused(f"{name} ({type(norm).__name__}) does not compute weight * x / "
+                                "sqrt(mean(x^2) + eps): the reference models Llama's RMSNorm")
+        eps[name] = float(e)
+    if len(set(eps.values())) != 1:
+        raise ModuleRefused(f"the two norms' epsilons differ ({eps}): a case has one rms_eps")
+    return next(iter(eps.values()))
+
+
+def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
+                  ) -> _LayerConfig:
+    """The decoder layer's configuration, or ModuleRefused naming what the reference does not
+    model."""
+    attn = layer.self_attn
+    config = getattr(attn, "config", None)
+    if config is None:
+        raise ModuleRefused(f"{type(attn).__name__}: no config (num_attention_heads, "
+                            "num_key_value_heads, rope_parameters): not a Hugging Face attention")
+    hidden = projections["q_proj"]["in"]
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    if hidden % heads or head_dim != hidden // heads or projections["q_proj"]["out"] != hidden:
+        raise ModuleRefused(f"head_dim {head_dim} with {heads} heads over hidden {hidden}: the "
+                            "reference's layer has heads x head_dim = hidden")
+    for name in ("q_norm", "k_norm"):
+        if getattr(attn, name, None) is not None:
+            raise ModuleRefused(f"self_attn.{name}: a norm on queries or keys is not in the "
+                                "reference's layer")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if not rope:  # transformers 4.x
+        rope = dict(getattr(config, "rope_scaling", None) or {})
+        rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ModuleRefused(f"rope_parameters: rope_type {rope_type!r}: the reference models the "
+                            "default rotary embedding only")
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) != 0.0:
+        raise ModuleRefused(f"attention_dropout {config.attention_dropout}: the reference's "
+                            "attention has no dropout")
+    window = getattr(config, "sliding_window", None)
+    if window is not None and int(window) < seq:
+        raise ModuleRefused(f"sliding_window {window} < seq {seq}: the reference's attention is "
+                            "causal over the whole sequence (use seq <= sliding_window)")
+    # None: the attention interface falls back to eager (a layer built outside a model).
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation not in ("sdpa", "eager"):
+        raise ModuleRefused(f"attention implementation {implementation!r}: check_module calls the "
+                            "layer with 'sdpa' or 'eager' attention")
+    _activation_is_silu(layer.mlp)
+    # The model family's rotary embedding: beside the layer's class or a class it derives from.
+    families = [sys.modules.get(cls.__module__) for cls in type(layer).__mro__]
+    rotary = [getattr(f, n) for f in families if f is not None for n in sorted(dir(f))
+              if n.endswith("RotaryEmbedding") and isinstance(getattr(f, n), type)]
+    if not rotary:
+        raise ModuleRefused(f"{type(layer).__name__}: no *RotaryEmbedding class in its module "
+                            "or its base classes' to compute its cos and sin")
+    device = projections["q_proj"]["device"]
+    return _LayerConfig(heads, kv_heads, _rms_norm_eps(layer), float(rope["rope_theta"]),
+                        implementation == "eager", rotary[0](config=config).to(device))
+
+
 def _case_text(kind: str, projections: Dict[str, dict], dtypes: Sequence[str], batch: int,
-               seq: int, seed: int, zero_format: str) -> str:
+               seq: int, seed: int, zero_format: str,
+               layer: Optional[_LayerConfig] = None) -> str:
     c = lambda field: _common(projections, field, zero_format)  # noqa: E731
     lines = [f'kind = "{kind}"']
-    if kind == "lora_w":
+    if kind == "layer":
+        lines += [f"hidden = {projections['q_proj']['in']}",
+                  f"intermediate = {projections['gate_proj']['out']}",
+                  f"heads = {layer.heads}", f"kv_heads = {layer.kv_heads}", "layers = 1",
+                  'prod_calls = "decoder_layer"', f"rms_eps = {layer.rms_eps!r}",
+                  f"rope_theta = {layer.rope_theta!r}"]
+    elif kind == "lora_w":
         p = projections[""]
         lines += [f"in_features = {p['in']}", f"out_features = {p['out']}"]
     elif kind == "mlp":
@@ -181,10 +308,28 @@ def _tensors(p: dict, proj: Sequence[torch.Tensor], adapter: str, prefix: str) -
     return {prefix + n: t for n, t in zip(names, proj)}
 
 
+def _layer_call(layer: torch.nn.Module, config: _LayerConfig, x: torch.Tensor,
+                tensors: dict, position_offset: int) -> torch.Tensor:
+    """The layer's own forward as its model calls it: the family's rotary embedding for the
+    positions, and the causal mask where the attention needs one."""
+    batch, seq = x.shape[0], x.shape[1]
+    positions = torch.arange(position_offset, position_offset + seq, device=x.device)
+    positions = positions.unsqueeze(0).expand(batch, seq)
+    cos, sin = config.rotary(x, positions)
+    mask = None
+    if config.eager:
+        mask = torch.full((seq, seq), torch.finfo(x.dtype).min, dtype=x.dtype, device=x.device)
+        mask = mask.triu(1).expand(batch, 1, seq, seq)
+    out = torch.func.functional_call(layer, tensors, (x,), {
+        "attention_mask": mask, "position_ids": positions, "position_embeddings": (cos, sin)})
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str, dict],
-              adapter: str):
+              adapter: str, layer: Optional[_LayerConfig] = None):
     library = torch.library.Library(ns, "DEF")
-    op = {"lora_w": "lora_w", "qkv": "lora_qkv", "mlp": "lora_mlp"}[kind]
+    op = {"lora_w": "lora_w", "qkv": "lora_qkv", "mlp": "lora_mlp",
+          "layer": "decoder_layer"}[kind]
     api.define_ops(library, [op])
 
     def linear(name, x, proj, mask, rate):
@@ -214,8 +359,23 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
                 stack.enter_context(_case_dropout(projections[name], adapter, mask, dropout_p))
             return torch.func.functional_call(module, tensors, (x,))
 
-    library.impl(op, {"lora_w": lora_w, "lora_qkv": lora_qkv, "lora_mlp": lora_mlp}[op],
-                 "CompositeImplicitAutograd")
+    def decoder_layer(x, input_norm, post_attention_norm, q, k, v, o, gate, up, down, bits,
+                      zero_format, lora_alpha, use_rslora, heads, kv_heads, rms_eps, rope_theta,
+                      position_offset):
+        # The case was written from the layer's configuration: anything else is a harness bug.
+        asked = (heads, kv_heads, rms_eps, rope_theta)
+        if asked != (layer.heads, layer.kv_heads, layer.rms_eps, layer.rope_theta):
+            raise RuntimeError(f"check_module: the case asks heads, kv_heads, rms_eps, rope_theta "
+                               f"{asked}, the layer has {layer}")
+        tensors = {"input_layernorm.weight": input_norm,
+                   "post_attention_layernorm.weight": post_attention_norm}
+        for name, t in zip(_ATTENTION + _MLP, (q, k, v, o, gate, up, down)):
+            p = projections[name]
+            tensors.update(_tensors(p, t, adapter, p["path"] + "."))
+        return _layer_call(module, layer, x, tensors, position_offset)
+
+    library.impl(op, {"lora_w": lora_w, "lora_qkv": lora_qkv, "lora_mlp": lora_mlp,
+                      "decoder_layer": decoder_layer}[op], "CompositeImplicitAutograd")
     return library
 
 
@@ -224,6 +384,10 @@ def _parameter_name(check_path: str, kind: str, adapter: str) -> str:
     q_proj.lora_A.<adapter>.weight.grad."""
     parts = check_path.split("/")
     proj, tensor = parts[-2], parts[-1]
+    if kind == "layer":  # .../layer0/self_attn/q_proj/lora_A.grad, .../layer0/hidden/output
+        if tensor in ("lora_A.grad", "lora_B.grad"):
+            return f"{parts[-3]}.{proj}.{tensor.split('.')[0]}.{adapter}.weight.grad"
+        return tensor
     prefix = "" if kind == "lora_w" else proj + "."
     if tensor in ("lora_A.grad", "lora_B.grad"):
         return f"{prefix}{tensor.split('.')[0]}.{adapter}.weight.grad"
@@ -250,20 +414,32 @@ def check_module(
     lora_A/lora_B/lora_dropout[adapter], r, lora_alpha, use_rslora; the base's qweight, qzeros,
     scales, g_idx, bits), an MLP whose gate_proj, up_proj and down_proj are such linears and
     whose act_fn is SiLU (kind mlp), or a module with such q_proj, k_proj, v_proj (kind qkv: the
-    three projections of one input). `zero_format` says how the base's qzeros store zero points
-    where the base has no `zero_format` attribute. Returns gradscope.check's Cases, each check's
-    `name` the module's own path (`q_proj.lora_A.default.weight.grad`); raises AssertionError
-    naming each failing tensor by that path unless raise_on_failure is False, and ModuleRefused
-    (a GradscopeInputError) for a module or feature gradscope does not model.
+    three projections of one input), or a Llama-family decoder layer with such linears on all
+    seven projections (kind layer: transformers' LlamaDecoderLayer or MistralDecoderLayer called
+    whole, its own RMSNorm, rotary embedding, attention and residuals included; checks its
+    output, input gradient and every adapter gradient). `zero_format` says how the base's
+    qzeros store zero points where the base has no `zero_format` attribute. Returns
+    gradscope.check's Cases, each check's `name` the module's own path
+    (`q_proj.lora_A.default.weight.grad`); raises AssertionError naming each failing tensor by
+    that path unless raise_on_failure is False, and ModuleRefused (a GradscopeInputError) for a
+    module or feature gradscope does not model.
     """
     __tracebackhide__ = True
     kind, projections = _projections(module, kind, adapter)
+    layer = None
     if kind == "mlp":
         _activation_is_silu(module)
+    if kind == "layer":
+        layer = _layer_config(module, projections, seq)
+        with_dropout = [p["path"] for p in projections.values() if p["dropout"]]
+        if with_dropout:
+            raise ModuleRefused(f"{', '.join(with_dropout)}: LoRA dropout in a decoder layer is "
+                                "checked per op: check_module(layer.self_attn) and "
+                                "check_module(layer.mlp) draw the masks")
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
-    text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format)
+    text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format, layer)
     ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
-    library = _register(ns, kind, module, projections, adapter)
+    library = _register(ns, kind, module, projections, adapter, layer)
     was_training = module.training
     module.train()  # dropout and anything else a training step does
     try:
@@ -296,7 +472,7 @@ class ModuleResult:
     """One module of a model, judged by check_module."""
 
     path: str  # the module's path in the model, e.g. model.layers.3.mlp
-    kind: str  # lora_w, qkv or mlp
+    kind: str  # lora_w, qkv, mlp or layer
     cases: List[api.Case]  # one per dtype
 
     @property
@@ -347,14 +523,19 @@ class ModelReport:
         return "\n".join(lines)
 
 
-def _model_modules(model: torch.nn.Module, adapter: str) -> Iterator[Tuple[str, str]]:
-    """(path, kind) of every module check_module reads, in the model's order: an attention's
-    q/k/v together (qkv) and its o_proj (lora_w), an MLP (mlp), any other LoRA linear (lora_w)."""
+def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]:
+    """(path, kind) of every module check_module reads, in the model's order: with by="layer"
+    each decoder layer whole (layer); otherwise, and for what is outside the layers, an
+    attention's q/k/v together (qkv) and its o_proj (lora_w), an MLP (mlp), any other LoRA
+    linear (lora_w)."""
     covered: set = set()
     for path, module in model.named_modules():
         if any(path.startswith(c + ".") for c in covered):
             continue
-        if all(_is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
+        if by == "layer" and _is_decoder_layer(module):
+            covered.add(path)
+            yield path, "layer"
+        elif all(_is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
             covered.add(path)
             yield path, "mlp"
         elif all(_is_lora(getattr(module, m, None)) for m in ("q_proj", "k_proj", "v_proj")):
@@ -379,18 +560,22 @@ def check_model(
     seq: int = 17,
     seed: int = 1,
     zero_format: Optional[str] = None,
+    by: str = "module",
     raise_on_failure: bool = True,
 ) -> ModelReport:
     """Judges every LoRA module of `model` by check_module, one module at a time, in the
     model's order: each decoder layer's q/k/v (kind qkv) and o_proj (lora_w) and its MLP
     (mlp), and any other LoRA linear over a GPTQ base. Each module gets the seeded case of its
     own configuration (module i: seed + i), so a bug shows in the module that has it and not in
-    every layer after.
+    every layer after. by="layer" judges each decoder layer whole instead (kind layer: the
+    layer's own norms, rotary embedding, attention and residuals under test too).
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
     __tracebackhide__ = True
-    found = list(_model_modules(model, adapter))
+    if by not in ("module", "layer"):
+        raise api.GradscopeInputError(f"by={by!r}: expected 'module' or 'layer'")
+    found = list(_model_modules(model, by))
     if not found:
         raise ModuleRefused(f"{type(model).__name__}: no LoRA module over a GPTQ base found "
                             "(peft's base_layer/lora_A/lora_B names)")

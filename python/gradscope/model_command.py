@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="module i draws from seed + i")
     p.add_argument("--zero-format", choices=("gptq", "gptq_v2"),
                    help="how the bases' qzeros store zero points, where they do not say")
+    p.add_argument("--by", choices=("module", "layer"), default="module",
+                   help="judge each LoRA module (default) or each decoder layer whole")
     p.add_argument("--json", metavar="FILE", help="every module's checks as JSON")
     p.add_argument("--html", metavar="FILE", help="a heatmap of err/limit")
     return p
@@ -185,7 +187,7 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
         model = _load_model(args.factory)
         report = check(model, adapter=args.adapter, dtypes=args.dtype or ["bf16"],
                        batch=args.batch, seq=args.seq, seed=args.seed,
-                       zero_format=args.zero_format, raise_on_failure=False)
+                       zero_format=args.zero_format, by=args.by, raise_on_failure=False)
     except (api.GradscopeInputError, ModuleRefused) as e:
         print(f"gradscope model: {e}", file=sys.stderr)
         return 2

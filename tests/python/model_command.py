@@ -4,7 +4,8 @@ Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, trans
 1. A two-layer Llama with LoRA on all seven projections: exit 0, the table on the console,
    --json with every module passing and --html a heatmap with no failing cell.
 2. The same with a bug in layer 1's down_proj base: exit 1, "first divergence:
-   model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap.
+   model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap; with
+   --by layer, model.layers.1 (the layer judged whole).
 3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model or
    that raises, an output folder that does not exist, an unknown dtype.
 """
@@ -60,6 +61,12 @@ def main():
         assert not data["passed"] and data["first_divergence"] == "model.layers.1.mlp", data
         page = open(h).read()
         assert "first divergence: model.layers.1.mlp" in page and ">FAIL<" in page
+        # ... and layer by layer, each decoder layer whole.
+        rc, out = run("lora_models:tiny_llama_down_proj_bug", "--by", "layer", "--json", j)
+        assert rc == 1 and "first divergence: model.layers.1 (layer); 1 of 2" in out, out
+        data = json.load(open(j))
+        assert [(m["path"], m["kind"], m["passed"]) for m in data["modules"]] == [
+            ("model.layers.0", "layer", True), ("model.layers.1", "layer", False)], data
 
         # 3. Bad input: exit 2, named, nothing written.
         for args, words in [
@@ -69,6 +76,7 @@ def main():
             (("no_such_module_xyz:model",), "cannot import no_such_module_xyz"),
             (("lora_models",), "expected MODULE:NAME"),
             (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
+            (("lora_models:tiny_llama", "--by", "block"), "invalid choice: 'block'"),
             (("lora_models:tiny_llama", "--json", os.path.join(d, "missing", "r.json")),
              "its folder does not exist"),
         ]:
@@ -77,7 +85,8 @@ def main():
             assert rc == 2 and words in out, (args, rc, out)
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
-          "layer 1's down_proj is the first divergence (exit 1); seven bad inputs exit 2")
+          "layer 1's down_proj is the first divergence (exit 1), by module and by layer; eight bad "
+          "inputs exit 2")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def main(cases_dir):
     assert len(declined) == 16 and all(c.status == "unsupported" for c in declined), declined
 
     assert hasattr(torch.ops.gradscope, "lora_w")
-    assert gradscope.OP_SCHEMA_VERSION == 2
+    assert gradscope.OP_SCHEMA_VERSION == 3
     assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")
     print("python package: CLI, --import, check(), a raising backward and the operator "
           "registration as expected")

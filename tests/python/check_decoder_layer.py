@@ -1,0 +1,148 @@
+"""gradscope.check_module on a Hugging Face decoder layer (docs/python.md, "A decoder layer").
+
+Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, transformers)
+1. transformers' LlamaDecoderLayer with LoRA on all seven projections runs whole as the
+   implementation under test (its own RMSNorm, rotary embedding, attention, MLP and residuals)
+   and passes in fp32, bf16 and fp16, with SDPA and with eager attention, at the model's RMSNorm
+   epsilon and RoPE base; checks are named by the layer's own parameter paths.
+2. A MistralDecoderLayer (grouped-query heads, a sliding window wider than the sequence) passes.
+3. Bugs planted in the layer, in no fault list of gradscope's, are caught and named: attention
+   scaled by 1/head_dim instead of 1/sqrt(head_dim), and a residual whose gradient is cut.
+4. check_model(by="layer") judges a two-layer LlamaForCausalLM layer by layer; a bug planted in
+   layer 1's down_proj base makes model.layers.1 the first divergence.
+5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
+   q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
+   head_dim that does not divide hidden into the heads.
+"""
+import sys
+
+import torch
+from lora_models import LLAMA_SIZES, lora, quant, tiny_llama, tiny_llama_down_proj_bug
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+import gradscope
+
+
+DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+
+
+def with_lora(layer, sizes=LLAMA_SIZES, bias=lambda name: False, p=0.0):
+    for parent in (layer.self_attn, layer.mlp):
+        for name, (i, o) in sizes.items():
+            if hasattr(parent, name):
+                setattr(parent, name, lora(quant(i, o, group=32, bias=bias(name)), r=4,
+                                           alpha=8.0, p=p))
+    return layer.to(DEVICE)
+
+
+def tiny_llama_layer():
+    return tiny_llama(layers=1).model.layers[0].to(DEVICE)
+
+
+def llama_config(**kw):
+    return LlamaConfig(hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                       num_key_value_heads=2, **kw)
+
+
+def expect_failure(layer, names, **kw):
+    try:
+        gradscope.check_module(layer, **kw)
+    except AssertionError as e:
+        text = str(e)
+        for name in names:
+            assert f"  {name}: " in text, (name, text)
+        return text
+    raise AssertionError(f"a planted bug in {type(layer).__name__} passed")
+
+
+def expect_refusal(layer, words, **kw):
+    try:
+        gradscope.check_module(layer, **kw)
+    except gradscope.ModuleRefused as e:
+        assert words in str(e), (words, str(e))
+        return
+    raise AssertionError(f"{type(layer).__name__} was not refused ({words})")
+
+
+class DetachedResidual(LlamaDecoderLayer):
+    """A planted bug: the attention block's residual is added without its gradient."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None,
+                position_embeddings=None, **kwargs):
+        h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states),
+                              attention_mask=attention_mask, position_ids=position_ids,
+                              position_embeddings=position_embeddings, **kwargs)
+        h = hidden_states.detach() + h
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def main():
+    # 1. The layer of a LlamaForCausalLM as built, SDPA attention, rms_norm_eps 1e-6.
+    layer = tiny_llama_layer()
+    assert layer.self_attn.config._attn_implementation == "sdpa"  # as the model set it
+    cases = gradscope.check_module(layer)
+    assert [c.status for c in cases] == ["pass"] * 3, [(c.id, c.status) for c in cases]
+    assert ".eps1e-06." in cases[0].id and ".whole." in cases[0].id, cases[0].id
+    names = {k.name for k in cases[0].checks}
+    assert {"output", "input.grad", "self_attn.q_proj.lora_A.default.weight.grad",
+            "mlp.down_proj.lora_B.default.weight.grad"} <= names and len(names) == 16, names
+    eager = with_lora(LlamaDecoderLayer(llama_config(attn_implementation="eager",
+                                                     rope_theta=500000.0), 0))
+    eager.self_attn.config._attn_implementation = "eager"
+    cases = gradscope.check_module(eager, dtypes=["bf16", "fp16"], seq=33)
+    assert all(c.passed for c in cases) and ".theta500000" in cases[0].id, cases[0].id
+
+    # 2. Mistral.
+    mistral = with_lora(MistralDecoderLayer(MistralConfig(
+        hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=1,
+        sliding_window=64), 0), sizes={**LLAMA_SIZES, "k_proj": (128, 32), "v_proj": (128, 32)})
+    assert gradscope.check_module(mistral, dtypes="bf16")[0].passed
+
+    # 3. Planted bugs.
+    layer = tiny_llama_layer()
+    layer.self_attn.scaling = layer.self_attn.head_dim ** -1.0
+    expect_failure(layer, ["output", "input.grad", "self_attn.q_proj.lora_A.default.weight.grad"],
+                   dtypes="fp32")
+    cut = with_lora(DetachedResidual(llama_config(), 0))
+    text = expect_failure(cut, ["input.grad"], dtypes="bf16")
+    assert "  output: " not in text, text  # the forward is right; only the gradient is not
+
+    # 4. A model, layer by layer.
+    report = gradscope.check_model(tiny_llama().to(DEVICE), by="layer")
+    assert [(m.path, m.kind) for m in report.modules] == [
+        ("model.layers.0", "layer"), ("model.layers.1", "layer")], report.table()
+    report = gradscope.check_model(tiny_llama_down_proj_bug().to(DEVICE), by="layer",
+                                   raise_on_failure=False)
+    assert [m.passed for m in report.modules] == [True, False], report.table()
+    assert report.divergence_lines()[0].startswith("first divergence: model.layers.1 (layer)")
+    print(report.table())
+
+    # 5. Refusals.
+    llama3 = llama_config(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072)
+    expect_refusal(with_lora(LlamaDecoderLayer(llama3, 0)), "rope_type 'llama3'")
+    qwen2 = Qwen2Config(hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                        num_key_value_heads=2)
+    expect_refusal(with_lora(Qwen2DecoderLayer(qwen2, 0),
+                             bias=lambda name: name in ("q_proj", "k_proj", "v_proj")),
+                   "bias differs between projections")
+    narrow = MistralConfig(hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                           num_key_value_heads=2, sliding_window=8)
+    expect_refusal(with_lora(MistralDecoderLayer(narrow, 0)), "sliding_window 8 < seq 17")
+    expect_refusal(with_lora(LlamaDecoderLayer(llama_config(), 0), p=0.1),
+                   "LoRA dropout in a decoder layer is checked per op")
+    wide_heads = with_lora(LlamaDecoderLayer(llama_config(head_dim=64), 0),
+                           sizes={**LLAMA_SIZES, "q_proj": (128, 256), "k_proj": (128, 128),
+                                  "v_proj": (128, 128), "o_proj": (256, 128)})
+    expect_refusal(wide_heads, "head_dim 64 with 4 heads over hidden 128")
+    print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral pass; two planted "
+          "bugs fail by parameter path; five unmodelled layers refused by name")
+
+
+if __name__ == "__main__":
+    main()
