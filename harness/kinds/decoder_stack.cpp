@@ -140,7 +140,9 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
     }
     const auto norm = [&](const char* name, reference::RmsNorm& ref) {
       const std::string stream = "layers." + std::to_string(i + 1) + "." + name;
-      auto w = (normal_tensor(c.seed, stream, {d.hidden}, 0.1) + 1.0).to(c.dtype);
+      const auto given =
+          c.tensors() ? c.tensors()->floating(stream, {d.hidden}, c.dtype) : std::nullopt;
+      auto w = given ? *given : (normal_tensor(c.seed, stream, {d.hidden}, 0.1) + 1.0).to(c.dtype);
       ref = {bridge::to_matrix(w.to(at::kDouble).view({1, d.hidden})).row(0), d.rms_eps};
       return w;
     };

@@ -207,6 +207,9 @@ KindDecl fsdp_kind() {
     tb::validate(s);
     const FsdpConfig f(s);
     const tb::Config c(s);
+    if (!c.tensors_path.empty()) {
+      throw_field_error(s, "tensors", "must be empty for kind fsdp (its words are planted)");
+    }
     if (c.tokens() % f.world_size != 0) {
       throw_field_error(s, "world_size",
                         "must divide the " + std::to_string(c.tokens()) +

@@ -44,6 +44,7 @@ class LayerTestbed final : public Testbed {
     stack_ = ds::make_stack(c_, dims_);
     x_ = tb::make_activation(c_, "x", dims_.hidden, true);
     dy_ = tb::make_output_grad(c_, "dy", dims_.hidden);
+    tb::require_all_tensors_taken(c_, context_.id);
     const int64_t n = dims_.layers;
     std::vector<reference::Matrix> ref_inputs, ref_dys(n);
     reference::Matrix h = x_.ref;

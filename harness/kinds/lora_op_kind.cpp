@@ -33,6 +33,7 @@ class LoraOpTestbed final : public Testbed {
       output_grads_.push_back(make_output_grad(c_, o.grad, o.features));
     }
     for (const auto& d : shape_.dropouts) dropouts_.push_back(make_dropout(c_, d.name, d.features));
+    require_all_tensors_taken(c_, context_.id);
     // Indexed once every vector is final.
     for (const auto& p : projections_) projection_of_[p.name] = &p;
     for (size_t i = 0; i < output_grads_.size(); ++i) {

@@ -1,14 +1,17 @@
 #include "harness/kinds/lora_testbed.h"
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
+#include "gradscope/gptq_format.h"
 #include "harness/checkpoint/checkpoint_reader.h"
 #include "harness/common/dtypes.h"
 #include "harness/common/input_error.h"
@@ -39,6 +42,9 @@ std::vector<FieldSpec> fields() {
                 "GPTQ checkpoint folder whose packed weights replace the seeded layers"),
       FieldSpec("layer", FieldType::kInt, int64_t{0}, "decoder layer of the checkpoint")
           .in_range(0, 1 << 16),
+      FieldSpec("tensors", FieldType::kString, s(""),
+                "safetensors file whose tensors replace the seeded draws of the same name "
+                "(x, dy, <projection>.lora_A, ...)"),
   };
   for (auto& p : profile_fields()) f.push_back(std::move(p));
   for (auto& g : gptq_fields()) f.push_back(std::move(g));
@@ -79,6 +85,11 @@ void validate(const CaseSpec& spec) {
                       "must be below 1 (p = 1 drops every input), got " +
                           report::format_spec_value(spec.get_float("dropout")));
   }
+  const std::string tensors = spec.get_string("tensors");
+  struct stat st {};
+  if (!tensors.empty() && (::stat(tensors.c_str(), &st) != 0 || !S_ISREG(st.st_mode))) {
+    throw_field_error(spec, "tensors", "must name a file; there is none at '" + tensors + "'");
+  }
 }
 
 Config::Config(const CaseSpec& s)
@@ -96,7 +107,13 @@ Config::Config(const CaseSpec& s)
       gptq(s),
       inputs(s),
       checkpoint(s.get_string("checkpoint")),
-      layer(s.get_int("layer")) {}
+      layer(s.get_int("layer")),
+      tensors_path(s.get_string("tensors")) {}
+
+const CaseTensors* Config::tensors() const {
+  if (!tensors_ && !tensors_path.empty()) tensors_ = std::make_shared<CaseTensors>(tensors_path);
+  return tensors_.get();
+}
 
 double Config::scaling() const {
   const double r = static_cast<double>(rank);
@@ -120,6 +137,7 @@ std::string Config::id_suffix() const {
     id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
   id << inputs.id_part();
   if (!checkpoint.empty()) id << ".ckpt-L" << layer;
+  if (!tensors_path.empty()) id << ".tensors";
   id << ".s" << seed;
   return id.str();
 }
@@ -191,7 +209,45 @@ void refuse_contradictions(const Config& c, const QuantizeConfig& q) {
   }
 }
 
+// A projection's packed base from the `tensors` file: all four tensors or none, in the
+// layout the case's bits and groups give, g_idx naming groups that exist.
+std::optional<GptqWeight> packed_from_file(const Config& c, const std::string& stream, int64_t in,
+                                           int64_t out) {
+  const CaseTensors* file = c.tensors();
+  if (!file) return std::nullopt;
+  const char* parts[] = {"qweight", "qzeros", "scales", "g_idx"};
+  int present = 0;
+  for (const char* part : parts) present += file->has(stream + "." + part) ? 1 : 0;
+  if (present == 0) return std::nullopt;
+  if (present < 4 || !c.checkpoint.empty()) {
+    throw InputError(file->path() + ": " + stream +
+                     (present < 4 ? " has only some of qweight, qzeros, scales, g_idx: a packed "
+                                    "base needs all four"
+                                  : " has packed words, and the case also sets checkpoint"));
+  }
+  const int64_t bits = c.gptq.bits, groups = num_groups(in, c.gptq.group_size);
+  GptqWeight w;
+  w.qweight = *file->exact(stream + ".qweight", {in * bits / 32, out}, at::kInt);
+  w.qzeros = *file->exact(stream + ".qzeros", {groups, out * bits / 32}, at::kInt);
+  w.scales = *file->exact(stream + ".scales", {groups, out}, c.gptq.scales_dtype);
+  w.g_idx = *file->exact(stream + ".g_idx", {in}, at::kInt);
+  w.bits = c.gptq.bits;
+  w.format = c.gptq.format;
+  if (in > 0 && (w.g_idx.min().item<int32_t>() < 0 || w.g_idx.max().item<int32_t>() >= groups)) {
+    throw InputError(file->path() + ": " + stream + ".g_idx names groups outside [0, " +
+                     std::to_string(groups) + ")");
+  }
+  if (!w.scales.isfinite().all().item<bool>()) {
+    throw InputError(file->path() + ": " + stream + ".scales holds a NaN or an infinity");
+  }
+  return w;
+}
+
 }  // namespace
+
+void require_all_tensors_taken(const Config& c, const std::string& case_id) {
+  if (c.tensors()) c.tensors()->require_all_taken(case_id);
+}
 
 Projection make_projection(const Config& c, const std::string& name, int64_t in, int64_t out,
                            int64_t layer) {
@@ -200,7 +256,9 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   const std::string stream = (layer > 0 ? "layers." + std::to_string(layer) + "." : "") + name;
   GptqWeight packed;
   at::Tensor checkpoint_bias;
-  if (c.checkpoint.empty()) {
+  if (auto given = packed_from_file(c, stream, in, out)) {
+    packed = std::move(*given);
+  } else if (c.checkpoint.empty()) {
     const auto q = quantize_seeded_layer(c.seed, stream + ".", in, out, c.gptq);
     packed = pack_gptq(q, c.gptq.bits, c.gptq.format, c.gptq.scales_dtype);
   } else {
@@ -227,13 +285,20 @@ Projection make_projection(const Config& c, const std::string& name, int64_t in,
   }
   // lora_A ~ N(0, 1/in) like peft's kaiming init; lora_B is drawn non-zero (peft starts it
   // at zero, which would make dA identically zero and the check meaningless).
-  const auto a =
-      rounded(normal_tensor(c.seed, stream + ".lora_A", {c.rank, in}, 1.0 / std::sqrt(in)),
-              c.adapter_dtype);
-  const auto b = rounded(normal_tensor(c.seed, stream + ".lora_B", {out, c.rank},
-                                       0.5 / std::sqrt(static_cast<double>(c.rank))),
-                         c.adapter_dtype);
-  const auto bias = !c.bias ? at::Tensor()
+  const auto given = [&](const std::string& name, at::IntArrayRef shape, at::ScalarType dtype) {
+    return c.tensors() ? c.tensors()->floating(stream + "." + name, shape, dtype) : std::nullopt;
+  };
+  const auto a = given("lora_A", {c.rank, in}, c.adapter_dtype)
+                     .value_or(rounded(normal_tensor(c.seed, stream + ".lora_A", {c.rank, in},
+                                                     1.0 / std::sqrt(in)),
+                                       c.adapter_dtype));
+  const auto b = given("lora_B", {out, c.rank}, c.adapter_dtype)
+                     .value_or(rounded(normal_tensor(c.seed, stream + ".lora_B", {out, c.rank},
+                                                     0.5 / std::sqrt(static_cast<double>(c.rank))),
+                                       c.adapter_dtype));
+  const auto given_bias = c.bias ? given("bias", {out}, c.dtype) : std::nullopt;
+  const auto bias = !c.bias      ? at::Tensor()
+                    : given_bias ? *given_bias
                     : checkpoint_bias.defined()
                         ? checkpoint_bias.to(at::kDouble).to(c.dtype)
                         : rounded(normal_tensor(c.seed, stream + ".bias", {out}, 0.1), c.dtype);
@@ -287,11 +352,17 @@ Activation as_activation(const Config& c, const std::string& name, const at::Ten
 
 Activation make_activation(const Config& c, const std::string& name, int64_t features,
                            bool requires_grad) {
+  if (auto given =
+          c.tensors() ? c.tensors()->floating(name, c.shape(features), c.dtype) : std::nullopt)
+    return as_activation(c, name, given->to(at::kDouble), features, requires_grad);
   return as_activation(c, name, draw_activations(c.seed, name, c.inputs, c.tokens(), features),
                        features, requires_grad);
 }
 
 Activation make_output_grad(const Config& c, const std::string& name, int64_t features) {
+  if (auto given =
+          c.tensors() ? c.tensors()->floating(name, c.shape(features), c.dtype) : std::nullopt)
+    return as_activation(c, name, given->to(at::kDouble), features, false);
   return as_activation(c, name, draw_output_grads(c.seed, name, c.inputs, c.tokens(), features),
                        features, false);
 }

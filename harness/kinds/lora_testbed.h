@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "harness/generate/gptq_layer_gen.h"
 #include "harness/generate/input_profiles.h"
 #include "harness/impl/impl_ops.h"
+#include "harness/kinds/case_tensors.h"
 #include "harness/verdict/compare.h"
 #include "reference/lora_reference.h"
 #include "reference/rounding_noise.h"
@@ -52,8 +54,9 @@ struct Config {
   int64_t seq;
   GptqGenSpec gptq;
   ProfileSpec inputs;
-  std::string checkpoint;  // empty: seeded layers; else base weights from this checkpoint
-  int64_t layer;           // the checkpoint's decoder layer
+  std::string checkpoint;    // empty: seeded layers; else base weights from this checkpoint
+  int64_t layer;             // the checkpoint's decoder layer
+  std::string tensors_path;  // field `tensors`: empty, or a file of tensors for the draws
 
   explicit Config(const CaseSpec& spec);
   // The LoRA scaling from the case's fields, derived here for the baseline and the reference
@@ -64,8 +67,14 @@ struct Config {
   impl::LoraArgs lora_args() const { return {alpha, rslora}; }
   int64_t tokens() const { return batch > 0 ? batch * seq : seq; }
   std::vector<int64_t> shape(int64_t features) const;
+  // The `tensors` file, mapped on first use (a case id or a validation never opens it); null
+  // when the case has none.
+  const CaseTensors* tensors() const;
   // ".t2x32.r8.b4g128.v1.sym[.p0.1][.bias][.a32][.rslora][.adapter-bf16][.realistic].s1"
   std::string id_suffix() const;
+
+ private:
+  mutable std::shared_ptr<const CaseTensors> tensors_;
 };
 
 // The formats a careful implementation of the case computes in (the rounding-noise model of
@@ -84,6 +93,9 @@ struct Projection {
   reference::Projection ref;
   const LoraProjection& of(Role role) const { return role == Role::kProd ? prod : base; }
 };
+// After a case's draws: every tensor of the `tensors` file was taken, else InputError.
+void require_all_tensors_taken(const Config& c, const std::string& case_id);
+
 // `layer` > 0 (1-based position in a stack of layers) draws from streams
 // "layers.<layer>.<name>..." and reads the checkpoint's layer c.layer + layer - 1, so a stack
 // starts at the case's `layer`; layer 0 keeps the single-op kinds' streams and reads c.layer.

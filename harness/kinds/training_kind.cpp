@@ -218,6 +218,9 @@ KindDecl training_kind() {
                               report::format_spec_value(s.get_float(beta)));
       }
     }
+    if (!s.get_string("tensors").empty()) {
+      throw_field_error(s, "tensors", "must be empty for kind training (its batches are seeded)");
+    }
     if (!s.get_string("checkpoint").empty()) {
       throw_field_error(s, "checkpoint",
                         "must be empty for kind training (the embedding and LM head are seeded)");

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import math
 import os
 import sys
 import tempfile
+import warnings
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -244,11 +246,47 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
                         implementation == "eager", rotary[0](config=config).to(device))
 
 
+# The case's names of a kind's input and output gradients (docs/case-files.md).
+_INPUT_NAMES = {"lora_w": ("x", "dy"), "mlp": ("x", "dy"), "layer": ("x", "dy"),
+                "qkv": ("x", "dq", "dk", "dv")}
+
+
+def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, dict],
+                    adapter: str) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """The module's own weights under the names of the case's draws (docs/case-files.md,
+    "Tensors from a file"), and the adapters left to the case's draws: a lora_B of zeros
+    (peft's initialisation) would make every lora_A gradient identically zero."""
+    tensors: Dict[str, torch.Tensor] = {}
+    redrawn: List[str] = []
+    for name, p in projections.items():
+        stream = {"lora_w": "o_proj", "layer": f"layers.1.{name}"}.get(kind, name)
+        m = p["module"]
+        base = m.base_layer
+        for b in _BASE_BUFFERS:
+            tensors[f"{stream}.{b}"] = getattr(base, b).to(torch.int32 if b == "g_idx" else
+                                                         getattr(base, b).dtype)
+        if p["bias"]:
+            tensors[f"{stream}.bias"] = base.bias
+        tensors[f"{stream}.lora_A"] = m.lora_A[adapter].weight
+        lora_b = m.lora_B[adapter].weight
+        if bool((lora_b == 0).all()):
+            redrawn.append(f"{p['path'] or 'module'}.lora_B.{adapter}.weight")
+        else:
+            tensors[f"{stream}.lora_B"] = lora_b
+    if kind == "layer":
+        for norm, stream in (("input_layernorm", "input_norm"),
+                             ("post_attention_layernorm", "post_attention_norm")):
+            tensors[f"layers.1.{stream}"] = getattr(module, norm).weight
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, redrawn
+
+
 def _case_text(kind: str, projections: Dict[str, dict], dtypes: Sequence[str], batch: int,
                seq: int, seed: int, zero_format: str,
-               layer: Optional[_LayerConfig] = None) -> str:
+               layer: Optional[_LayerConfig] = None, tensors: str = "") -> str:
     c = lambda field: _common(projections, field, zero_format)  # noqa: E731
     lines = [f'kind = "{kind}"']
+    if tensors:
+        lines.append(f"tensors = {json.dumps(tensors)}")
     if kind == "layer":
         lines += [f"hidden = {projections['q_proj']['in']}",
                   f"intermediate = {projections['gate_proj']['out']}",
@@ -406,6 +444,8 @@ def check_module(
     seq: int = 17,
     seed: int = 1,
     zero_format: Optional[str] = None,
+    weights: str = "case",
+    inputs: Optional[Dict[str, torch.Tensor]] = None,
     raise_on_failure: bool = True,
 ) -> List[api.Case]:
     """Judges `module` by gradscope's rule on the case of its own configuration, once per dtype.
@@ -418,7 +458,12 @@ def check_module(
     seven projections (kind layer: transformers' LlamaDecoderLayer or MistralDecoderLayer called
     whole, its own RMSNorm, rotary embedding, attention and residuals included; checks its
     output, input gradient and every adapter gradient). `zero_format` says how the base's
-    qzeros store zero points where the base has no `zero_format` attribute. Returns
+    qzeros store zero points where the base has no `zero_format` attribute. `weights`: "case"
+    draws every weight from the seeded case; "module" runs on the module's own packed bases,
+    biases, adapters (and a layer's norms), a lora_B of zeros excepted (redrawn, with a
+    warning: it would make every lora_A gradient zero). `inputs`: the activation and output
+    gradients to use instead of seeded ones, by the case's names ({"x", "dy"}; "dq", "dk", "dv"
+    for kind qkv), e.g. captured from the model (check_model(..., inputs="model")). Returns
     gradscope.check's Cases, each check's `name` the module's own path
     (`q_proj.lora_A.default.weight.grad`); raises AssertionError naming each failing tensor by
     that path unless raise_on_failure is False, and ModuleRefused (a GradscopeInputError) for a
@@ -436,14 +481,43 @@ def check_module(
             raise ModuleRefused(f"{', '.join(with_dropout)}: LoRA dropout in a decoder layer is "
                                 "checked per op: check_module(layer.self_attn) and "
                                 "check_module(layer.mlp) draw the masks")
+    if weights not in ("case", "module"):
+        raise api.GradscopeInputError(f"weights={weights!r}: expected 'case' or 'module'")
+    x = (inputs or {}).get("x")
+    if x is not None and x.dim() == 3:  # the case's tokens are the given activation's
+        batch, seq = int(x.shape[0]), int(x.shape[1])
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
-    text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format, layer)
     ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
     library = _register(ns, kind, module, projections, adapter, layer)
     was_training = module.training
     module.train()  # dropout and anything else a training step does
     try:
         with tempfile.TemporaryDirectory(prefix="gradscope-module-") as scratch:
+            tensors_file = ""
+            given: Dict[str, torch.Tensor] = {}
+            if weights == "module":
+                given, redrawn = _module_tensors(kind, module, projections, adapter)
+                for name in redrawn:
+                    warnings.warn(f"check_module: {name} is all zeros (peft's initialisation), "
+                                  "which makes every lora_A gradient zero: drawn from the case "
+                                  "instead", stacklevel=2)
+            for name, t in (inputs or {}).items():
+                if name not in _INPUT_NAMES[kind]:
+                    raise api.GradscopeInputError(
+                        f"inputs: {name!r} is not an input of kind {kind} (expected "
+                        f"{', '.join(_INPUT_NAMES[kind])})")
+                given[name] = t.detach().float().cpu().contiguous()
+            if given:
+                try:
+                    from safetensors.torch import save_file
+                except ImportError as e:  # installed with transformers and peft
+                    raise api.GradscopeInputError("weights='module' and inputs= write a tensors "
+                                                  "file with the safetensors package: pip "
+                                                  "install safetensors") from e
+                tensors_file = os.path.join(scratch, "module_tensors.safetensors")
+                save_file(given, tensors_file)
+            text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format, layer,
+                              tensors_file)
             case_file = os.path.join(scratch, f"{type(module).__name__}.toml")
             with open(case_file, "w") as f:
                 f.write(text)
@@ -456,7 +530,8 @@ def check_module(
             check.name = _parameter_name(check.path, kind, adapter)
         # The namespace lives as long as this call: the replay is this call for the case's dtype.
         case.replay = (f"gradscope.check_module(<{type(module).__name__}>, "
-                       f"dtypes={case.id.split('.')[1]!r}, batch={batch}, seq={seq}, seed={seed})")
+                       f"dtypes={case.id.split('.')[1]!r}, batch={batch}, seq={seq}, seed={seed}"
+                       + (", weights='module')" if weights == "module" else ")"))
     failing = [c for c in cases if c.status == "fail"]
     if failing and raise_on_failure:
         lines = [f"{len(failing)} of {len(cases)} dtypes failed for {type(module).__name__} "
@@ -546,6 +621,64 @@ def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]
             yield path, "lora_w"
 
 
+def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module],
+                     found: List[Tuple[str, str]], batch: int, seq: int, seed: int
+                     ) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Each module's input and output gradients in one forward and backward of the model on
+    seeded token ids, to the mean next-token cross-entropy."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is None:
+        raise ModuleRefused(f"{type(model).__name__}: no config.vocab_size; inputs='model' runs "
+                            "a causal LM on token ids")
+    captured: Dict[str, Dict[str, torch.Tensor]] = {path: {} for path, _ in found}
+    handles = []
+
+    def keep_input(path: str):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+            captured[path]["x"] = x.detach().clone()
+        return hook
+
+    def keep_grad(path: str, name: str):
+        def hook(module, args, output):
+            y = output[0] if isinstance(output, tuple) else output
+            y.register_hook(lambda g: captured[path].__setitem__(name, g.detach().clone()))
+        return hook
+
+    for path, kind in found:
+        module = modules[path]
+        first = module.q_proj if kind == "qkv" else module
+        handles.append(first.register_forward_pre_hook(keep_input(path), with_kwargs=True))
+        outputs = ({"dq": "q_proj", "dk": "k_proj", "dv": "v_proj"} if kind == "qkv"
+                   else {"dy": None})
+        for name, child in outputs.items():
+            target = getattr(module, child) if child else module
+            handles.append(target.register_forward_hook(keep_grad(path, name)))
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    was_training = model.training
+    model.train()
+    try:
+        logits = model(input_ids=tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+        loss.backward()
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    missing = [f"{p}: {sorted(set(_INPUT_NAMES[k]) - set(captured[p]))}" for p, k in found
+               if set(_INPUT_NAMES[k]) - set(captured[p])]
+    if missing:
+        raise ModuleRefused("inputs='model': the model's forward and backward did not reach "
+                            + "; ".join(missing))
+    return captured
+
+
 def _is_lora(module: Optional[torch.nn.Module]) -> bool:
     return module is not None and all(hasattr(module, a) for a in ("base_layer", "lora_A",
                                                                      "lora_B"))
@@ -561,6 +694,7 @@ def check_model(
     seed: int = 1,
     zero_format: Optional[str] = None,
     by: str = "module",
+    inputs: str = "case",
     raise_on_failure: bool = True,
 ) -> ModelReport:
     """Judges every LoRA module of `model` by check_module, one module at a time, in the
@@ -569,6 +703,11 @@ def check_model(
     own configuration (module i: seed + i), so a bug shows in the module that has it and not in
     every layer after. by="layer" judges each decoder layer whole instead (kind layer: the
     layer's own norms, rotary embedding, attention and residuals under test too).
+    inputs="model" judges each module on what the model itself gives it: the model runs seeded
+    token ids (batch x seq, its own vocabulary) to the mean next-token loss and back, hooks keep
+    each module's input and output gradients, and each module is then checked on those and on
+    its own weights (weights="module"), so a module is judged where the model puts it without a
+    bug upstream reaching it.
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
@@ -579,12 +718,19 @@ def check_model(
     if not found:
         raise ModuleRefused(f"{type(model).__name__}: no LoRA module over a GPTQ base found "
                             "(peft's base_layer/lora_A/lora_B names)")
+    if inputs not in ("case", "model"):
+        raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
     modules = {path: module for path, module in model.named_modules()}
+    captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
+                else {})
+    own = "module" if inputs == "model" else "case"
     # Module i draws from seed + i: layers of one shape still see different values.
     report = ModelReport([
         ModuleResult(path, kind, check_module(modules[path], kind=kind, adapter=adapter,
                                               dtypes=dtypes, batch=batch, seq=seq, seed=seed + i,
-                                              zero_format=zero_format, raise_on_failure=False))
+                                              zero_format=zero_format, weights=own,
+                                              inputs=captured.get(path),
+                                              raise_on_failure=False))
         for i, (path, kind) in enumerate(found)
     ])
     if report.first_failure is not None and raise_on_failure:

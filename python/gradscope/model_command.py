@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="how the bases' qzeros store zero points, where they do not say")
     p.add_argument("--by", choices=("module", "layer"), default="module",
                    help="judge each LoRA module (default) or each decoder layer whole")
+    p.add_argument("--inputs", choices=("case", "model"), default="case",
+                   help="seeded inputs (default), or each module's input and output gradients "
+                        "from the model's own forward and backward, with its own weights")
     p.add_argument("--json", metavar="FILE", help="every module's checks as JSON")
     p.add_argument("--html", metavar="FILE", help="a heatmap of err/limit")
     return p
@@ -187,7 +190,8 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
         model = _load_model(args.factory)
         report = check(model, adapter=args.adapter, dtypes=args.dtype or ["bf16"],
                        batch=args.batch, seq=args.seq, seed=args.seed,
-                       zero_format=args.zero_format, by=args.by, raise_on_failure=False)
+                       zero_format=args.zero_format, by=args.by, inputs=args.inputs,
+                       raise_on_failure=False)
     except (api.GradscopeInputError, ModuleRefused) as e:
         print(f"gradscope model: {e}", file=sys.stderr)
         return 2

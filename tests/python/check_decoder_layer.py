@@ -9,7 +9,11 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 3. Bugs planted in the layer, in no fault list of gradscope's, are caught and named: attention
    scaled by 1/head_dim instead of 1/sqrt(head_dim), and a residual whose gradient is cut.
 4. check_model(by="layer") judges a two-layer LlamaForCausalLM layer by layer; a bug planted in
-   layer 1's down_proj base makes model.layers.1 the first divergence.
+   layer 1's down_proj base makes model.layers.1 the first divergence. With inputs="model" each
+   layer (or module) is judged on the input and output gradient the model's own forward and
+   backward give it, and on its own weights: the model passes; the bug is found in layer 1
+   (module model.layers.1.mlp) while layer 0, upstream of it in the forward and downstream in
+   the backward, still passes.
 5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
    q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
    head_dim that does not divide hidden into the heads.
@@ -17,13 +21,15 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 import sys
 
 import torch
-from lora_models import LLAMA_SIZES, lora, quant, tiny_llama, tiny_llama_down_proj_bug
+from lora_models import (LLAMA_SIZES, lora, quant, tiny_llama, tiny_llama_down_proj_bug,
+                         with_own_weights)
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import gradscope
+from gradscope.check_module import _captured_inputs
 
 
 DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
@@ -120,6 +126,30 @@ def main():
     assert report.divergence_lines()[0].startswith("first divergence: model.layers.1 (layer)")
     print(report.table())
 
+    # ... on what the model gives each layer and module (its own weights; lora_B drawn non-zero).
+    def own_weights(model):
+        return with_own_weights(model).to(DEVICE)
+
+    model = own_weights(tiny_llama())
+    captured = _captured_inputs(model, dict(model.named_modules()),
+                                [("model.layers.0", "layer"), ("model.layers.1", "layer")],
+                                batch=2, seq=9, seed=1)
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    hidden = model(input_ids=tokens[:, :-1].to(DEVICE), output_hidden_states=True).hidden_states
+    assert torch.equal(captured["model.layers.1"]["x"], hidden[1])  # layer 0's output
+    assert captured["model.layers.1"]["dy"].shape == (2, 9, 128)
+    report = gradscope.check_model(own_weights(tiny_llama()), by="layer", inputs="model", seq=9,
+                                   batch=2, dtypes=["fp32", "bf16"])
+    assert [m.passed for m in report.modules] == [True, True], report.table()
+    assert ".tensors." in report.modules[0].cases[0].id, report.modules[0].cases[0].id
+    report = gradscope.check_model(own_weights(tiny_llama_down_proj_bug()), inputs="model",
+                                   raise_on_failure=False)
+    assert [m.passed for m in report.modules] == [True] * 5 + [False], report.table()
+    report = gradscope.check_model(own_weights(tiny_llama_down_proj_bug()), by="layer",
+                                   inputs="model", raise_on_failure=False)
+    assert [m.passed for m in report.modules] == [True, False], report.table()
+    print(report.table())
+
     # 5. Refusals.
     llama3 = llama_config(rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -140,8 +170,8 @@ def main():
                            sizes={**LLAMA_SIZES, "q_proj": (128, 256), "k_proj": (128, 128),
                                   "v_proj": (128, 128), "o_proj": (256, 128)})
     expect_refusal(wide_heads, "head_dim 64 with 4 heads over hidden 128")
-    print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral pass; two planted "
-          "bugs fail by parameter path; five unmodelled layers refused by name")
+    print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral "
+          "pass; two planted bugs fail by parameter path; five unmodelled layers refused by name")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,24 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
 5. check_model over a two-layer LlamaForCausalLM with LoRA on all seven projections: six
    modules pass; a bug planted in layer 1's down_proj base is the first divergence, named by
    its path, and layer 0 still passes.
+6. weights="module": the module's own packed base, bias and adapters are what every
+   implementation and the reference run on. A base that caches its dequantized weight at
+   construction fails on the case's weights and passes on its own; peft's zero lora_B is
+   redrawn with a warning; a decoder layer's own norms are taken too.
+7. A case's `tensors` file: its x, dy and adapters are the dump's inputs bit for bit (x and dy
+   rounded to bf16). A file that does not fit the case is refused naming the file and the tensor: a
+   wrong shape, a name the case does not draw, a packed base without its g_idx, a g_idx naming
+   a group that does not exist, a file that is not there.
 """
+import os
+import tempfile
+import warnings
+
+import h5py
+
 import torch
 from lora_models import ReadsV1AsV2, lora, quant, tiny_llama, tiny_llama_down_proj_bug
+from safetensors.torch import save_file
 from peft.tuners.lora.gptq import GPTQLoraLinear
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
@@ -74,6 +89,58 @@ class ForgetsScalingInBackward(GPTQLoraLinear):
         lora = b(a(drop(x.to(a.weight.dtype))))
         scaled = _UnscaledBackward.apply(lora, self.scaling["default"])
         return self.base_layer(x) + scaled.to(x.dtype)
+
+
+class CachesItsWeight(gradscope.QuantLinear):
+    """A base that dequantizes once, at first use, and keeps the result: it never sees packed
+    words swapped in later (stale after a weight update)."""
+
+    def forward(self, x):
+        if not hasattr(self, "_cached"):
+            self._cached = torch.ops.gradscope.dequantize(
+                self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, self.zero_format,
+                torch.float32)
+        y = x @ self._cached.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def filled(base, seed):
+    """The module's own packed words, scales and bias: any 32-bit words are valid codes."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in ("qweight", "qzeros"):
+            t = getattr(base, name)
+            t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, dtype=torch.int64)
+                    .to(torch.int32))
+        base.scales.copy_(torch.rand(base.scales.shape, generator=g) * 0.02 + 0.001)
+        if base.bias is not None:
+            base.bias.copy_(torch.randn(base.bias.shape, generator=g))
+    return base
+
+
+def adapters_drawn(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for part in (m.lora_A["default"], m.lora_B["default"]):
+            part.weight.copy_(torch.randn(part.weight.shape, generator=g) * 0.1)
+    return m
+
+
+def refused_file(tensors, words, case="lora_w"):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.safetensors")
+        if tensors is not None:
+            save_file(tensors, path)
+        toml = os.path.join(d, "c.toml")
+        with open(toml, "w") as f:
+            f.write(f'kind = "{case}"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
+                    f'tensors = "{path}"\nseq = 5\n')
+        try:
+            gradscope.check(toml)
+        except gradscope.GradscopeInputError as e:
+            assert words in str(e), (words, str(e))
+            return
+        raise AssertionError(f"a tensors file was not refused ({words})")
 
 
 def main():
@@ -139,9 +206,67 @@ def main():
     report = gradscope.check_model(model, raise_on_failure=False)
     assert [m.passed for m in report.modules] == [True] * 5 + [False], report.table()
     print(report.table())
+
+    # 6. The module's own weights. The caching base has run once (its model's forward).
+    def stale_module():
+        m = adapters_drawn(lora(filled(quant(128, 64, bias=True, cls=CachesItsWeight), 3)), 4)
+        m(torch.randn(2, 128))
+        return m
+
+    expect_failure(stale_module(), ["output"], dtypes="fp32")
+    stale = stale_module()
+    cases = gradscope.check_module(stale, weights="module", dtypes=["fp32", "bf16"])
+    assert all(c.passed for c in cases) and ".tensors." in cases[0].id, cases
+    fresh = lora(filled(quant(128, 64), 5))  # peft's init: lora_B all zeros
+    assert not fresh.lora_B["default"].weight.any()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert gradscope.check_module(fresh, weights="module", dtypes="bf16")[0].passed
+    assert any("lora_B.default.weight is all zeros" in str(w.message) for w in caught), caught
+    layer = tiny_llama(layers=1).model.layers[0]
+    with torch.no_grad():
+        layer.input_layernorm.weight.uniform_(0.5, 1.5)
+    for proj in (layer.self_attn.q_proj, layer.mlp.down_proj):
+        filled(proj.base_layer, 6)
+        adapters_drawn(proj, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the other five projections' lora_B are peft's zeros
+        assert gradscope.check_module(layer, weights="module", dtypes="bf16")[0].passed
+
+    # 7. What a tensors file gives is what every implementation and the reference ran on (the
+    # dump's inputs), rounded once to the case's dtype.
+    with tempfile.TemporaryDirectory() as d:
+        g = torch.Generator().manual_seed(8)
+        given = {"x": torch.randn(2, 5, 64, generator=g), "dy": torch.randn(2, 5, 32, generator=g),
+                 "o_proj.lora_A": torch.randn(8, 64, generator=g, dtype=torch.float64).float(),
+                 "o_proj.lora_B": torch.randn(32, 8, generator=g)}
+        save_file(given, os.path.join(d, "t.safetensors"))
+        with open(os.path.join(d, "c.toml"), "w") as f:
+            f.write(f'kind = "lora_w"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
+                    f'seq = 5\ndtype = "bf16"\ntensors = "{d}/t.safetensors"\n')
+        [case] = gradscope.check(os.path.join(d, "c.toml"),
+                                 extra_args=["--dump", os.path.join(d, "dump.h5")])
+        assert case.passed, case
+        with h5py.File(os.path.join(d, "dump.h5"), "r") as f:
+            inputs = f[case.id]["inputs"]
+            for name, t in given.items():
+                want = t.to(torch.bfloat16 if name in ("x", "dy") else torch.float32).double()
+                assert torch.equal(torch.from_numpy(inputs[name][()]).double(), want), name
+    # Tensors files that do not fit the case.
+    packed = {"o_proj.qweight": torch.zeros(8, 32, dtype=torch.int32),
+              "o_proj.qzeros": torch.zeros(2, 4, dtype=torch.int32),
+              "o_proj.scales": torch.ones(2, 32, dtype=torch.float16)}
+    refused_file({"o_proj.lora_A": torch.zeros(8, 65)},
+                 "tensor o_proj.lora_A is F32 [8, 65]; the case expects F32, F16 or BF16 [8, 64]")
+    refused_file({"o_proj.lora_a": torch.zeros(8, 64)}, "draws no tensor named o_proj.lora_a")
+    refused_file(packed, "o_proj has only some of qweight, qzeros, scales, g_idx")
+    refused_file({**packed, "o_proj.g_idx": torch.full((64,), 2, dtype=torch.int32)},
+                 "o_proj.g_idx names groups outside [0, 2)")
+    refused_file(None, "tensors must name a file; there is none at")
     print("check_module: a LoRA linear, LlamaMLP and LlamaAttention's q/k/v pass; two planted "
           "bugs fail by parameter path; three unmodelled modules refused by name; check_model "
-          "finds the first divergence in a two-layer Llama")
+          "finds the first divergence in a two-layer Llama; weights='module' runs on the module's "
+          "own weights; five bad tensors files refused by name")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,30 @@ def tiny_llama_down_proj_bug():
     return model
 
 
+def with_own_weights(model, seed=11):
+    """A model's QuantLinears filled with packed words and scales of their own (any 32-bit word
+    is a valid set of codes) and its lora_B drawn non-zero, as after training: gradscope's
+    QuantLinear starts all zeros, whose constant weight gives every key the same direction and
+    the q/k gradients an exact zero."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in model.named_buffers():
+            if name.endswith(("qweight", "qzeros")):
+                t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g,
+                                      dtype=torch.int64).to(torch.int32))
+            elif name.endswith("scales"):
+                t.copy_(torch.rand(t.shape, generator=g) * 0.004 + 0.001)
+        for name, t in model.named_parameters():
+            if "lora_B" in name:
+                t.copy_(torch.randn(t.shape, generator=g) * 0.05)
+    return model
+
+
+def tiny_llama_trained():
+    """tiny_llama with weights of its own (with_own_weights)."""
+    return with_own_weights(tiny_llama())
+
+
 NOT_A_MODEL = 42
 
 

@@ -67,6 +67,8 @@ def main():
         data = json.load(open(j))
         assert [(m["path"], m["kind"], m["passed"]) for m in data["modules"]] == [
             ("model.layers.0", "layer", True), ("model.layers.1", "layer", False)], data
+        rc, out = run("lora_models:tiny_llama_trained", "--by", "layer", "--inputs", "model")
+        assert rc == 0 and "model.layers.1  layer   pass" in out, out
 
         # 3. Bad input: exit 2, named, nothing written.
         for args, words in [
