@@ -1,0 +1,116 @@
+"""check_model on a Llama as users build it (docs/python.md, "A model, module by module").
+
+Usage: check_model_llama.py [--device cuda] [--shape small|7b]
+  small (CTest python_check_model_llama): 4 layers, hidden 128, 4 query heads over 2 key/value
+  heads, MLP 352, vocabulary 64; 7b: one layer of Llama-2-7B's shape (hidden 4096, 32 heads,
+  MLP 11008). LoRA r16 (alpha 32) on all seven projections over 4-bit GPTQ bases
+  (gradscope.QuantLinear, group 32 / 128), weights of their own (lora_models.with_own_weights).
+1. The unmodified transformers + peft model passes check_model in fp32, bf16 and fp16, module by
+   module and, on the model's own activations, layer by layer.
+2. A copy whose o_proj in the last layer computes its LoRA path through an autograd function
+   that leaves the scaling out of lora_B's gradient fails, and the first divergence names that
+   layer, o_proj and lora_B's gradient, with every other module and layer passing.
+Prints each run's wall time.
+"""
+import sys
+import time
+
+import torch
+from lora_models import lora, quant, with_own_weights
+from peft.tuners.lora.gptq import GPTQLoraLinear
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import gradscope
+
+DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+SHAPE = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "small"
+SHAPES = {"small": dict(hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                        num_key_value_heads=2, num_hidden_layers=4, group=32),
+          "7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                     num_key_value_heads=32, num_hidden_layers=1, group=128)}
+
+
+class _LoraB(torch.autograd.Function):
+    """(x A^T) B^T s; backward leaves s out of B's gradient (the planted bug)."""
+
+    @staticmethod
+    def forward(ctx, h, b, s):
+        ctx.save_for_backward(h, b)
+        ctx.s = s
+        return (h @ b.t()) * s
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, b = ctx.saved_tensors
+        dh = (dy @ b) * ctx.s
+        db = dy.reshape(-1, dy.shape[-1]).t() @ h.reshape(-1, h.shape[-1])  # no ctx.s
+        return dh, db.to(b.dtype), None
+
+
+class LoraBGradUnscaled(GPTQLoraLinear):
+    def forward(self, x):
+        a, b = self.lora_A["default"], self.lora_B["default"]
+        h = a(self.lora_dropout["default"](x.to(a.weight.dtype)))
+        lora_out = _LoraB.apply(h, b.weight, self.scaling["default"])
+        return self.base_layer(x) + lora_out.to(x.dtype)
+
+
+def build(bug=False):
+    shape = dict(SHAPES[SHAPE])
+    group = shape.pop("group")
+    config = LlamaConfig(vocab_size=64, **shape)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    kv = hidden // config.num_attention_heads * config.num_key_value_heads
+    sizes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+             "o_proj": (hidden, hidden), "gate_proj": (hidden, inter),
+             "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    model = LlamaForCausalLM(config)
+    last = len(model.model.layers) - 1
+    for i, layer in enumerate(model.model.layers):
+        for parent in (layer.self_attn, layer.mlp):
+            for name, (n_in, n_out) in sizes.items():
+                if hasattr(parent, name):
+                    cls = LoraBGradUnscaled if bug and i == last and name == "o_proj" else \
+                        GPTQLoraLinear
+                    setattr(parent, name, lora(quant(n_in, n_out, group=group), r=16,
+                                               alpha=32.0, cls=cls))
+    return with_own_weights(model).to(DEVICE), last
+
+
+def timed(what, fn):
+    start = time.perf_counter()
+    result = fn()
+    print(f"{what}: {time.perf_counter() - start:.1f} s")
+    return result
+
+
+def main():
+    dtypes = ["fp32", "bf16", "fp16"]
+    model, last = build()
+    report = timed(f"check_model, {SHAPE}, modules, 3 dtypes",
+                   lambda: gradscope.check_model(model, dtypes=dtypes))
+    print(report.table())
+    report = timed(f"check_model, {SHAPE}, layers on the model's activations, 3 dtypes",
+                   lambda: gradscope.check_model(model, dtypes=dtypes, by="layer",
+                                                 inputs="model"))
+    print(report.table())
+
+    model, last = build(bug=True)
+    report = timed(f"check_model, {SHAPE}, o_proj of layer {last} with the bug, 3 dtypes",
+                   lambda: gradscope.check_model(model, dtypes=dtypes, raise_on_failure=False))
+    first = report.first_failure
+    where = f"model.layers.{last}.self_attn.o_proj"
+    assert first is not None and first.path == where, report.table()
+    assert [m.path for m in report.modules if not m.passed] == [where], report.table()
+    failing = {k.name for c in first.cases for k in c.checks if not k.passed}
+    assert failing == {"lora_B.default.weight.grad"}, failing
+    lines = report.divergence_lines()
+    assert lines[0].startswith(f"first divergence: {where} (lora_w)"), lines
+    assert any(line.startswith(f"  {where}.lora_B.default.weight.grad: ") for line in lines)
+    print("\n".join(lines[:2]))
+    print(f"check_model on a {SHAPE} Llama ({DEVICE}): passes in fp32, bf16 and fp16; the "
+          f"planted lora_B backward bug is the first divergence at {where}")
+
+
+if __name__ == "__main__":
+    main()
