@@ -446,6 +446,7 @@ def check_module(
     zero_format: Optional[str] = None,
     weights: str = "case",
     inputs: Optional[Dict[str, torch.Tensor]] = None,
+    dump: Optional[str] = None,
     raise_on_failure: bool = True,
 ) -> List[api.Case]:
     """Judges `module` by gradscope's rule on the case of its own configuration, once per dtype.
@@ -463,7 +464,8 @@ def check_module(
     biases, adapters (and a layer's norms), a lora_B of zeros excepted (redrawn, with a
     warning: it would make every lora_A gradient zero). `inputs`: the activation and output
     gradients to use instead of seeded ones, by the case's names ({"x", "dy"}; "dq", "dk", "dv"
-    for kind qkv), e.g. captured from the model (check_model(..., inputs="model")). Returns
+    for kind qkv), e.g. captured from the model (check_model(..., inputs="model")). `dump`: an
+    HDF5 file that gets every compared tensor and input of the cases (docs/reports.md). Returns
     gradscope.check's Cases, each check's `name` the module's own path
     (`q_proj.lora_A.default.weight.grad`); raises AssertionError naming each failing tensor by
     that path unless raise_on_failure is False, and ModuleRefused (a GradscopeInputError) for a
@@ -521,7 +523,8 @@ def check_module(
             case_file = os.path.join(scratch, f"{type(module).__name__}.toml")
             with open(case_file, "w") as f:
                 f.write(text)
-            cases = api.check(case_file, impl=ns, raise_on_failure=False)
+            cases = api.check(case_file, impl=ns, raise_on_failure=False,
+                              extra_args=["--dump", dump] if dump else [])
     finally:
         module.train(was_training)
         library._destroy()
@@ -695,6 +698,7 @@ def check_model(
     zero_format: Optional[str] = None,
     by: str = "module",
     inputs: str = "case",
+    dump_dir: Optional[str] = None,
     raise_on_failure: bool = True,
 ) -> ModelReport:
     """Judges every LoRA module of `model` by check_module, one module at a time, in the
@@ -707,7 +711,8 @@ def check_model(
     token ids (batch x seq, its own vocabulary) to the mean next-token loss and back, hooks keep
     each module's input and output gradients, and each module is then checked on those and on
     its own weights (weights="module"), so a module is judged where the model puts it without a
-    bug upstream reaching it.
+    bug upstream reaching it. `dump_dir`: an existing folder that gets one HDF5 dump per module,
+    <module path>.h5.
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
@@ -720,6 +725,8 @@ def check_model(
                             "(peft's base_layer/lora_A/lora_B names)")
     if inputs not in ("case", "model"):
         raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
+    if dump_dir is not None and not os.path.isdir(dump_dir):
+        raise api.GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
     modules = {path: module for path, module in model.named_modules()}
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
                 else {})
@@ -730,6 +737,8 @@ def check_model(
                                               dtypes=dtypes, batch=batch, seq=seq, seed=seed + i,
                                               zero_format=zero_format, weights=own,
                                               inputs=captured.get(path),
+                                              dump=os.path.join(dump_dir, f"{path}.h5")
+                                              if dump_dir else None,
                                               raise_on_failure=False))
         for i, (path, kind) in enumerate(found)
     ])

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
                         "from the model's own forward and backward, with its own weights")
     p.add_argument("--json", metavar="FILE", help="every module's checks as JSON")
     p.add_argument("--html", metavar="FILE", help="a heatmap of err/limit")
+    p.add_argument("--junit", metavar="FILE",
+                   help="JUnit XML: a test per module, dtype and tensor, failures with the message")
+    p.add_argument("--dump-dir", metavar="DIR",
+                   help="an existing folder: one HDF5 dump per module, <module path>.h5")
     return p
 
 
@@ -103,6 +108,23 @@ def report_data(report: ModelReport) -> Dict[str, Any]:
             } for c in m.cases],
         } for m in report.modules],
     }
+
+
+def report_junit(report: ModelReport, name: str) -> str:
+    """JUnit XML: a testcase per module (classname), dtype and tensor; a failing check's message
+    as its failure."""
+    checks = [(m, c, k) for m in report.modules for c in m.cases for k in c.checks]
+    suite = ET.Element("testsuite", name=name, tests=str(len(checks)),
+                       failures=str(sum(not k.passed for _, _, k in checks)))
+    for m, c, k in checks:
+        case = ET.SubElement(suite, "testcase", classname=m.path,
+                             name=f"{c.id.split('.')[1]}.{k.name}")
+        if not k.passed:
+            ET.SubElement(case, "failure", message=k.message.split("\n")[0]).text = (
+                f"{k.message}\nreplay: {c.replay}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return ET.tostring(root, encoding="unicode") + "\n"
 
 
 def _cell_colour(ratio: Optional[float], passed: bool) -> str:
@@ -184,14 +206,16 @@ def _write_whole(path: str, text: str) -> None:
 def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -> int:
     try:
         args = _parser().parse_args(list(argv))
-        for path in (args.json, args.html):
+        for path in (args.json, args.html, args.junit):
             if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
                 raise api.GradscopeInputError(f"{path}: its folder does not exist")
+        if args.dump_dir and not os.path.isdir(args.dump_dir):
+            raise api.GradscopeInputError(f"--dump-dir {args.dump_dir}: not a folder")
         model = _load_model(args.factory)
         report = check(model, adapter=args.adapter, dtypes=args.dtype or ["bf16"],
                        batch=args.batch, seq=args.seq, seed=args.seed,
                        zero_format=args.zero_format, by=args.by, inputs=args.inputs,
-                       raise_on_failure=False)
+                       dump_dir=args.dump_dir, raise_on_failure=False)
     except (api.GradscopeInputError, ModuleRefused) as e:
         print(f"gradscope model: {e}", file=sys.stderr)
         return 2
@@ -203,6 +227,8 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
             _write_whole(args.json, json.dumps(report_data(report), indent=1) + "\n")
         if args.html:
             _write_whole(args.html, report_html(report, f"gradscope model {args.factory}"))
+        if args.junit:
+            _write_whole(args.junit, report_junit(report, f"gradscope model {args.factory}"))
     except (OSError, api.GradscopeInputError) as e:
         print(f"gradscope model: cannot write: {e}", file=sys.stderr)
         return 2

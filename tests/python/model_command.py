@@ -6,6 +6,8 @@ Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, trans
 2. The same with a bug in layer 1's down_proj base: exit 1, "first divergence:
    model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap; with
    --by layer, model.layers.1 (the layer judged whole).
+   --junit has a test per module, dtype and tensor, the failures those of layer 1's mlp;
+   --dump-dir an HDF5 dump per module.
 3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model or
    that raises, an output folder that does not exist, an unknown dtype.
 """
@@ -16,6 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
+
+import h5py
 
 from gradscope import api
 
@@ -69,6 +74,24 @@ def main():
             ("model.layers.0", "layer", True), ("model.layers.1", "layer", False)], data
         rc, out = run("lora_models:tiny_llama_trained", "--by", "layer", "--inputs", "model")
         assert rc == 0 and "model.layers.1  layer   pass" in out, out
+        # JUnit: a test per module, dtype and tensor; HDF5: a dump per module.
+        x, dumps = os.path.join(d, "model.xml"), os.path.join(d, "dumps")
+        os.mkdir(dumps)
+        rc, out = run("lora_models:tiny_llama_down_proj_bug", "--junit", x, "--dump-dir", dumps)
+        assert rc == 1, out
+        suite = ET.parse(x).getroot().find("testsuite")
+        cases = suite.findall("testcase")
+        failed = [c for c in cases if c.find("failure") is not None]
+        assert suite.get("tests") == str(len(cases)) == "44", (suite.attrib, len(cases))
+        assert suite.get("failures") == str(len(failed)) and failed, suite.attrib
+        assert {c.get("classname") for c in failed} == {"model.layers.1.mlp"}, failed
+        assert any(c.get("name") == "bf16.output" for c in failed), [c.get("name") for c in failed]
+        assert "replay: gradscope.check_module(<LlamaMLP>" in failed[0].find("failure").text
+        assert sorted(os.listdir(dumps))[:2] == ["model.layers.0.mlp.h5",
+                                                 "model.layers.0.self_attn.h5"], os.listdir(dumps)
+        with h5py.File(os.path.join(dumps, "model.layers.1.mlp.h5"), "r") as f:
+            [case] = [n for n in f if n.startswith("mlp.bf16.")]
+            assert f[case]["layer0/mlp/down_proj/output"].attrs["status"] in (b"fail", "fail")
 
         # 3. Bad input: exit 2, named, nothing written.
         for args, words in [
@@ -79,6 +102,8 @@ def main():
             (("lora_models",), "expected MODULE:NAME"),
             (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
             (("lora_models:tiny_llama", "--by", "block"), "invalid choice: 'block'"),
+            (("lora_models:tiny_llama", "--dump-dir", os.path.join(d, "missing")),
+             "--dump-dir " + os.path.join(d, "missing") + ": not a folder"),
             (("lora_models:tiny_llama", "--json", os.path.join(d, "missing", "r.json")),
              "its folder does not exist"),
         ]:
@@ -87,8 +112,8 @@ def main():
             assert rc == 2 and words in out, (args, rc, out)
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
-          "layer 1's down_proj is the first divergence (exit 1), by module and by layer; eight bad "
-          "inputs exit 2")
+          "layer 1's down_proj is the first divergence (exit 1), by module and by layer, in JUnit "
+          "and per-module dumps; nine bad inputs exit 2")
 
 
 if __name__ == "__main__":
