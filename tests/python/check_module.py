@@ -18,8 +18,8 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    redrawn with a warning; a decoder layer's own norms are taken too.
 7. A case's `tensors` file: its x, dy and adapters are the dump's inputs bit for bit (x and dy
    rounded to bf16). A file that does not fit the case is refused naming the file and the tensor: a
-   wrong shape, a name the case does not draw, a packed base without its g_idx, a g_idx naming
-   a group that does not exist, a file that is not there.
+   wrong shape or dtype, a name the case does not draw, a packed base without its g_idx, a g_idx
+   naming a group that does not exist, a file that is not there, a NaN, a value beyond fp16.
 """
 import os
 import tempfile
@@ -126,7 +126,7 @@ def adapters_drawn(m, seed):
     return m
 
 
-def refused_file(tensors, words, case="lora_w"):
+def refused_file(tensors, words, case="lora_w", extra=""):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.safetensors")
         if tensors is not None:
@@ -134,7 +134,7 @@ def refused_file(tensors, words, case="lora_w"):
         toml = os.path.join(d, "c.toml")
         with open(toml, "w") as f:
             f.write(f'kind = "{case}"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
-                    f'tensors = "{path}"\nseq = 5\n')
+                    f'tensors = "{path}"\nseq = 5\n{extra}')
         try:
             gradscope.check(toml)
         except gradscope.GradscopeInputError as e:
@@ -263,10 +263,17 @@ def main():
     refused_file({**packed, "o_proj.g_idx": torch.full((64,), 2, dtype=torch.int32)},
                  "o_proj.g_idx names groups outside [0, 2)")
     refused_file(None, "tensors must name a file; there is none at")
+    refused_file({"x": torch.zeros(2, 5, 64, dtype=torch.float64)},
+                 "tensor x is F64 [2, 5, 64]; the case expects F32, F16 or BF16 [2, 5, 64]")
+    nan = torch.zeros(2, 5, 64)
+    nan[1, 4, 63] = float("nan")
+    refused_file({"x": nan}, "tensor x holds a NaN or an infinity")
+    refused_file({"x": torch.full((2, 5, 64), 1e6)}, "tensor x overflows fp16",
+                 extra='dtype = "fp16"\n')
     print("check_module: a LoRA linear, LlamaMLP and LlamaAttention's q/k/v pass; two planted "
           "bugs fail by parameter path; three unmodelled modules refused by name; check_model "
           "finds the first divergence in a two-layer Llama; weights='module' runs on the module's "
-          "own weights; five bad tensors files refused by name")
+          "own weights; eight bad tensors files refused by name")
 
 
 if __name__ == "__main__":
