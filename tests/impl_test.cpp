@@ -108,7 +108,7 @@ TEST(Impl, AMissingOperatorOrNamespaceIsRefusedNamingIt) {
 
 // decoder_layer is optional: the cases that call it are unsupported by an implementation of the
 // LoRA operators alone (which still runs the rest of a suite), each naming the operator; a run
-// of only such cases judged nothing (exit 2). A layer case of LoRA ops never asks for it.
+// of only such cases judged nothing (exit 2).
 TEST(Impl, WithoutTheOptionalDecoderLayerItsCasesAreUnsupported) {
   const auto r = run_impl("plain_torch", {kCases + "/smoke/layer_whole.toml"});
   EXPECT_EQ(r.code, 2) << r.out;
@@ -122,6 +122,11 @@ TEST(Impl, WithoutTheOptionalDecoderLayerItsCasesAreUnsupported) {
                                               kCases + "/smoke/lora_w.toml", "--quiet"});
   EXPECT_EQ(mixed.code, 0) << mixed.out << mixed.err;
   EXPECT_TRUE(has(mixed.out, "3 unsupported by plain_torch")) << mixed.out;
+  // A namespace with none of the contract's operators is refused, optional or not.
+  const auto nobody = run_impl("nobody", {kCases + "/smoke/layer_whole.toml"});
+  EXPECT_EQ(nobody.code, 2) << nobody.out;
+  EXPECT_TRUE(has(nobody.err, "has no operator nobody::decoder_layer")) << nobody.err;
+  EXPECT_FALSE(has(nobody.out, "unsupported")) << nobody.out;
 }
 
 TEST(Impl, KindsOutsideTheContractAreRefused) {

@@ -221,6 +221,15 @@ void load_libraries(const std::vector<std::string>& paths) {
   }
 }
 
+// Whether `ns` registers any operator of the contract.
+bool registers_any(const std::string& ns) {
+  for (const auto& op : kOpSchemas) {
+    const auto found = c10::Dispatcher::singleton().findOp({ns + "::" + op.name, ""});
+    if (found && found->hasSchema()) return true;
+  }
+  return false;
+}
+
 // What could have registered `impl.ns`, for a missing operator's message.
 std::string registration_hint(const ImplChoice& impl) {
   if (impl.is_default()) return "";
@@ -242,8 +251,12 @@ void require_ops(const ImplChoice& impl, const std::vector<std::string>& ops) {
   const std::string& ns = impl.ns;
   for (const auto& name : ops) {
     const auto registered = c10::Dispatcher::singleton().findOp({ns + "::" + name, ""});
-    // Left out, an optional operator makes the cases that call it unsupported (call()).
-    if (op_schema(name).optional && !(registered && registered->hasSchema())) continue;
+    // Left out, an optional operator makes the cases that call it unsupported (call()); but a
+    // namespace with none of the contract's operators is a misspelling or a failed
+    // registration, refused below as any missing operator is.
+    if (op_schema(name).optional && !(registered && registered->hasSchema()) && registers_any(ns)) {
+      continue;
+    }
     c10::OperatorHandle op = [&] {
       try {
         return find(ns, name);

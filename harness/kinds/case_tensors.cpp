@@ -90,8 +90,9 @@ void CaseTensors::require_all_taken(const std::string& case_id) const {
   }
   if (!unused.empty()) {
     throw InputError(path_ + ": case " + case_id + " draws no tensor named " + unused +
-                     " (names: x, dy, and per projection <name>.lora_A, .lora_B, .bias, "
-                     ".qweight, .qzeros, .scales, .g_idx; layers.<i>.<name> in a stack)");
+                     " (names: x, dy or dq/dk/dv; per projection <proj>.lora_A, .lora_B, "
+                     ".bias, .qweight, .qzeros, .scales, .g_idx; in a stack layers.<i>.<proj> "
+                     "and layers.<i>.input_norm/.post_attention_norm; docs/case-files.md)");
   }
 }
 

@@ -39,7 +39,7 @@ std::vector<Batch> make_batches(const lora_testbed::Config& c, const TrainingCon
 // The frozen parts of the model around the layers, as prod and the baseline hold them.
 struct FrozenModel {
   at::Tensor embedding, final_norm, lm_head;  // case dtype, device
-  double norm_eps;                            // the final RMSNorm's
+  double norm_eps = 1e-5;                     // the final RMSNorm's
 };
 
 // Which layers a pass runs: prod's, whose LoRA ops are the implementation under test's

@@ -350,18 +350,32 @@ Activation as_activation(const Config& c, const std::string& name, const at::Ten
 
 }  // namespace
 
+namespace {
+
+// A given activation or output gradient replaces the profile's draw: fields that shape the draw
+// would be reported in the id yet not apply, so they must stay at their defaults.
+std::optional<at::Tensor> given_input(const Config& c, const std::string& name, int64_t features) {
+  auto given = c.tensors() ? c.tensors()->floating(name, c.shape(features), c.dtype) : std::nullopt;
+  if (given && !c.inputs.id_part().empty()) {
+    throw InputError(c.tensors()->path() + ": tensor " + name +
+                     " replaces the drawn one, so the case's input-profile fields (profile, "
+                     "x_scale, loss_scale, x_zeros) must stay at their defaults");
+  }
+  return given;
+}
+
+}  // namespace
+
 Activation make_activation(const Config& c, const std::string& name, int64_t features,
                            bool requires_grad) {
-  if (auto given =
-          c.tensors() ? c.tensors()->floating(name, c.shape(features), c.dtype) : std::nullopt)
+  if (auto given = given_input(c, name, features))
     return as_activation(c, name, given->to(at::kDouble), features, requires_grad);
   return as_activation(c, name, draw_activations(c.seed, name, c.inputs, c.tokens(), features),
                        features, requires_grad);
 }
 
 Activation make_output_grad(const Config& c, const std::string& name, int64_t features) {
-  if (auto given =
-          c.tensors() ? c.tensors()->floating(name, c.shape(features), c.dtype) : std::nullopt)
+  if (auto given = given_input(c, name, features))
     return as_activation(c, name, given->to(at::kDouble), features, false);
   return as_activation(c, name, draw_output_grads(c.seed, name, c.inputs, c.tokens(), features),
                        features, false);

@@ -114,6 +114,16 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const at::Tensor& input_norm,
                             int64_t bits, const std::string& format, double alpha, bool rslora,
                             int64_t heads, int64_t kv_heads, double rms_eps, double rope_theta,
                             int64_t position_offset) {
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(input_norm.dim() == 1 && input_norm.size(0) == hidden &&
+                  post_attention_norm.dim() == 1 && post_attention_norm.size(0) == hidden,
+              "gradscope.decoder_layer: the norms must be [", hidden, "], got ", input_norm.sizes(),
+              " and ", post_attention_norm.sizes());
+  TORCH_CHECK(rms_eps > 0 && rope_theta > 0, "gradscope.decoder_layer: rms_eps and rope_theta ",
+              "must be positive, got ", rms_eps, " and ", rope_theta);
+  TORCH_CHECK(heads > 0 && hidden % heads == 0 && (hidden / heads) % 2 == 0,
+              "gradscope.decoder_layer: ", heads, " heads must split hidden ", hidden,
+              " into even head widths (RoPE rotates pairs)");
   DecoderLayer l;
   l.input_norm = input_norm;
   l.post_attention_norm = post_attention_norm;

@@ -221,6 +221,13 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
     if rope_type != "default":
         raise ModuleRefused(f"rope_parameters: rope_type {rope_type!r}: the reference models the "
                             "default rotary embedding only")
+    if "rope_theta" not in rope:
+        raise ModuleRefused("rope_parameters has no rope_theta: the RoPE base is not known")
+    partial = float(rope.get("partial_rotary_factor",
+                             getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+    if partial != 1.0:
+        raise ModuleRefused(f"partial_rotary_factor {partial}: the reference rotates every "
+                            "dimension of a head")
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) != 0.0:
         raise ModuleRefused(f"attention_dropout {config.attention_dropout}: the reference's "
                             "attention has no dropout")
@@ -234,13 +241,16 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
         raise ModuleRefused(f"attention implementation {implementation!r}: check_module calls the "
                             "layer with 'sdpa' or 'eager' attention")
     _activation_is_silu(layer.mlp)
-    # The model family's rotary embedding: beside the layer's class or a class it derives from.
-    families = [sys.modules.get(cls.__module__) for cls in type(layer).__mro__]
-    rotary = [getattr(f, n) for f in families if f is not None for n in sorted(dir(f))
-              if n.endswith("RotaryEmbedding") and isinstance(getattr(f, n), type)]
+    # The model family's rotary embedding, <Family>RotaryEmbedding beside <Family>DecoderLayer
+    # (the layer's class or one it derives from); not a scaled variant defined beside it.
+    rotary = [getattr(sys.modules.get(cls.__module__), name, None) for cls in type(layer).__mro__
+              if cls.__name__.endswith("DecoderLayer")
+              for name in [cls.__name__[:-len("DecoderLayer")] + "RotaryEmbedding"]]
+    rotary = [r for r in rotary if isinstance(r, type)]
     if not rotary:
-        raise ModuleRefused(f"{type(layer).__name__}: no *RotaryEmbedding class in its module "
-                            "or its base classes' to compute its cos and sin")
+        raise ModuleRefused(f"{type(layer).__name__}: no <Family>RotaryEmbedding beside a "
+                            "<Family>DecoderLayer class it is or derives from, to compute its "
+                            "cos and sin")
     device = projections["q_proj"]["device"]
     return _LayerConfig(heads, kv_heads, _rms_norm_eps(layer), float(rope["rope_theta"]),
                         implementation == "eager", rotary[0](config=config).to(device))
@@ -473,11 +483,18 @@ def check_module(
     """
     __tracebackhide__ = True
     kind, projections = _projections(module, kind, adapter)
+    x = (inputs or {}).get("x")
+    if x is not None and x.dim() == 3:  # the case's tokens are the given activation's
+        batch, seq = int(x.shape[0]), int(x.shape[1])
     layer = None
     if kind == "mlp":
         _activation_is_silu(module)
     if kind == "layer":
         layer = _layer_config(module, projections, seq)
+        if getattr(module, "gradient_checkpointing", False):
+            raise ModuleRefused(f"{type(module).__name__}: gradient checkpointing is on; its "
+                                "backward would recompute the layer outside the check (turn it "
+                                "off for the check: model.gradient_checkpointing_disable())")
         with_dropout = [p["path"] for p in projections.values() if p["dropout"]]
         if with_dropout:
             raise ModuleRefused(f"{', '.join(with_dropout)}: LoRA dropout in a decoder layer is "
@@ -485,15 +502,13 @@ def check_module(
                                 "check_module(layer.mlp) draw the masks")
     if weights not in ("case", "module"):
         raise api.GradscopeInputError(f"weights={weights!r}: expected 'case' or 'module'")
-    x = (inputs or {}).get("x")
-    if x is not None and x.dim() == 3:  # the case's tokens are the given activation's
-        batch, seq = int(x.shape[0]), int(x.shape[1])
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
     ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
-    library = _register(ns, kind, module, projections, adapter, layer)
     was_training = module.training
-    module.train()  # dropout and anything else a training step does
+    library = None
     try:
+        library = _register(ns, kind, module, projections, adapter, layer)
+        module.train()  # dropout and anything else a training step does
         with tempfile.TemporaryDirectory(prefix="gradscope-module-") as scratch:
             tensors_file = ""
             given: Dict[str, torch.Tensor] = {}
@@ -527,14 +542,17 @@ def check_module(
                               extra_args=["--dump", dump] if dump else [])
     finally:
         module.train(was_training)
-        library._destroy()
+        if library is not None:
+            library._destroy()
     for case in cases:
         for check in case.checks:
             check.name = _parameter_name(check.path, kind, adapter)
         # The namespace lives as long as this call: the replay is this call for the case's dtype.
-        case.replay = (f"gradscope.check_module(<{type(module).__name__}>, "
+        case.replay = (f"gradscope.check_module(<{type(module).__name__}>, kind={kind!r}, "
                        f"dtypes={case.id.split('.')[1]!r}, batch={batch}, seq={seq}, seed={seed}"
-                       + (", weights='module')" if weights == "module" else ")"))
+                       + (f", zero_format={zero_format!r}" if zero_format else "")
+                       + (", weights='module'" if weights == "module" else "")
+                       + (f", inputs=<{', '.join(sorted(inputs))}>" if inputs else "") + ")")
     failing = [c for c in cases if c.status == "fail"]
     if failing and raise_on_failure:
         lines = [f"{len(failing)} of {len(cases)} dtypes failed for {type(module).__name__} "
@@ -555,7 +573,13 @@ class ModuleResult:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.cases)
+        """No case failed; a dtype the module declined (unsupported) is not a failure."""
+        return all(c.passed or c.status == "unsupported" for c in self.cases)
+
+    @property
+    def unsupported(self) -> List[str]:
+        """The dtypes the module declined."""
+        return [c.id.split(".")[1] for c in self.cases if c.status == "unsupported"]
 
     def worst(self) -> Tuple[float, str]:
         """The largest err/limit over the module's checks, and the tensor it is on."""
@@ -596,8 +620,9 @@ class ModelReport:
         lines = [f"{'module':<{width}}  kind    verdict  worst err/limit"]
         for m in self.modules:
             ratio, where = m.worst()
+            declined = f"  ({', '.join(m.unsupported)} unsupported)" if m.unsupported else ""
             lines.append(f"{m.path:<{width}}  {m.kind:<6}  {'pass' if m.passed else 'FAIL':<7}  "
-                         f"{ratio:.3g}  {where[len(m.path) + 1:]}")
+                         f"{ratio:.3g}  {where[len(m.path) + 1:]}{declined}")
         return "\n".join(lines)
 
 
@@ -610,7 +635,10 @@ def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]
     for path, module in model.named_modules():
         if any(path.startswith(c + ".") for c in covered):
             continue
-        if by == "layer" and _is_decoder_layer(module):
+        if by == "layer" and _is_decoder_layer(module) and all(
+                _is_lora(getattr(getattr(module, parent), name, None))
+                for parent, names in (("self_attn", _ATTENTION), ("mlp", _MLP))
+                for name in names):
             covered.add(path)
             yield path, "layer"
         elif all(_is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
@@ -634,7 +662,11 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
     if vocab is None:
         raise ModuleRefused(f"{type(model).__name__}: no config.vocab_size; inputs='model' runs "
                             "a causal LM on token ids")
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise ModuleRefused(f"{type(model).__name__}: gradient checkpointing is on; turn it off "
+                            "for the check (model.gradient_checkpointing_disable())")
     captured: Dict[str, Dict[str, torch.Tensor]] = {path: {} for path, _ in found}
+    outputs: List[Tuple[str, str, torch.Tensor]] = []  # (path, name, the module's output)
     handles = []
 
     def keep_input(path: str):
@@ -643,37 +675,47 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
             captured[path]["x"] = x.detach().clone()
         return hook
 
-    def keep_grad(path: str, name: str):
+    def keep_output(path: str, name: str):
         def hook(module, args, output):
-            y = output[0] if isinstance(output, tuple) else output
-            y.register_hook(lambda g: captured[path].__setitem__(name, g.detach().clone()))
+            outputs.append((path, name, output[0] if isinstance(output, tuple) else output))
         return hook
 
     for path, kind in found:
         module = modules[path]
         first = module.q_proj if kind == "qkv" else module
         handles.append(first.register_forward_pre_hook(keep_input(path), with_kwargs=True))
-        outputs = ({"dq": "q_proj", "dk": "k_proj", "dv": "v_proj"} if kind == "qkv"
-                   else {"dy": None})
-        for name, child in outputs.items():
+        heads = ({"dq": "q_proj", "dk": "k_proj", "dv": "v_proj"} if kind == "qkv"
+                 else {"dy": None})
+        for name, child in heads.items():
             target = getattr(module, child) if child else module
-            handles.append(target.register_forward_hook(keep_grad(path, name)))
+            handles.append(target.register_forward_hook(keep_output(path, name)))
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     was_training = model.training
     model.train()
+    # The model's own random draws (dropout) from the seed, and its parameters' .grad untouched:
+    # the output gradients come from torch.autograd.grad, not backward().
+    devices = [device] if device.type == "cuda" else []
     try:
-        logits = model(input_ids=tokens[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                 tokens[:, 1:].reshape(-1))
-        loss.backward()
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            torch.manual_seed(seed)
+            logits = model(input_ids=tokens[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+            frozen = [f"{p}" for p, _, y in outputs if not y.requires_grad]
+            if frozen:
+                raise ModuleRefused(f"inputs='model': no gradient reaches {', '.join(frozen)} "
+                                    "(no parameter upstream of it requires grad)")
+            grads = torch.autograd.grad(loss, [y for _, _, y in outputs], allow_unused=True)
     finally:
         model.train(was_training)
         for h in handles:
             h.remove()
-        model.zero_grad(set_to_none=True)
+    for (path, name, _), grad in zip(outputs, grads):
+        if grad is not None:
+            captured[path][name] = grad.detach().clone()
     missing = [f"{p}: {sorted(set(_INPUT_NAMES[k]) - set(captured[p]))}" for p, k in found
                if set(_INPUT_NAMES[k]) - set(captured[p])]
     if missing:

@@ -16,7 +16,8 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
    the backward, still passes.
 5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
    q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
-   head_dim that does not divide hidden into the heads.
+   head_dim that does not divide hidden into the heads, a partial rotary factor, gradient
+   checkpointing.
 """
 import sys
 
@@ -170,8 +171,14 @@ def main():
                            sizes={**LLAMA_SIZES, "q_proj": (128, 256), "k_proj": (128, 128),
                                   "v_proj": (128, 128), "o_proj": (256, 128)})
     expect_refusal(wide_heads, "head_dim 64 with 4 heads over hidden 128")
+    partial = with_lora(LlamaDecoderLayer(llama_config(), 0))
+    partial.self_attn.config.partial_rotary_factor = 0.5
+    expect_refusal(partial, "partial_rotary_factor 0.5")
+    checkpointed = with_lora(LlamaDecoderLayer(llama_config(), 0))
+    checkpointed.gradient_checkpointing = True
+    expect_refusal(checkpointed, "gradient checkpointing is on")
     print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral "
-          "pass; two planted bugs fail by parameter path; five unmodelled layers refused by name")
+          "pass; two planted bugs fail by parameter path; seven unmodelled layers refused by name")
 
 
 if __name__ == "__main__":

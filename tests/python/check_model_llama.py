@@ -9,7 +9,7 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    module and, on the model's own activations, layer by layer.
 2. A copy whose o_proj in the last layer computes its LoRA path through an autograd function
    that leaves the scaling out of lora_B's gradient fails, and the first divergence names that
-   layer, o_proj and lora_B's gradient, with every other module and layer passing.
+   layer, o_proj and lora_B's gradient, with every other module passing.
 Prints each run's wall time.
 """
 import sys

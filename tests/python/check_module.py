@@ -19,7 +19,8 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
 7. A case's `tensors` file: its x, dy and adapters are the dump's inputs bit for bit (x and dy
    rounded to bf16). A file that does not fit the case is refused naming the file and the tensor: a
    wrong shape or dtype, a name the case does not draw, a packed base without its g_idx, a g_idx
-   naming a group that does not exist, a file that is not there, a NaN, a value beyond fp16.
+   naming a group that does not exist, a file that is not there, a NaN, a value beyond fp16, a
+   given x with a profile field that would shape a draw.
 """
 import os
 import tempfile
@@ -176,7 +177,8 @@ def main():
     text = expect_failure(lora(quant(256, 96), alpha=32.0, cls=ForgetsScalingInBackward),
                           ["lora_A.default.weight.grad", "lora_B.default.weight.grad"],
                           dtypes="fp32")
-    assert "replay: gradscope.check_module(<ForgetsScalingInBackward>, dtypes='fp32'" in text, text
+    assert ("replay: gradscope.check_module(<ForgetsScalingInBackward>, kind='lora_w', "
+            "dtypes='fp32'") in text, text
 
     # 4. Refusals.
     gelu = LlamaMLP(LlamaConfig(hidden_size=128, intermediate_size=352, hidden_act="gelu"))
@@ -270,10 +272,12 @@ def main():
     refused_file({"x": nan}, "tensor x holds a NaN or an infinity")
     refused_file({"x": torch.full((2, 5, 64), 1e6)}, "tensor x overflows fp16",
                  extra='dtype = "fp16"\n')
+    refused_file({"x": torch.zeros(2, 5, 64)}, "input-profile fields (profile, x_scale",
+                 extra="x_scale = 2.0\n")
     print("check_module: a LoRA linear, LlamaMLP and LlamaAttention's q/k/v pass; two planted "
           "bugs fail by parameter path; three unmodelled modules refused by name; check_model "
           "finds the first divergence in a two-layer Llama; weights='module' runs on the module's "
-          "own weights; eight bad tensors files refused by name")
+          "own weights; nine bad tensors files refused by name")
 
 
 if __name__ == "__main__":

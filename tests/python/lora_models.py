@@ -79,6 +79,27 @@ def tiny_llama_trained():
     return with_own_weights(tiny_llama())
 
 
+class DeclinesBf16(gradscope.QuantLinear):
+    """A base without bf16 kernels: it declines (NotImplementedError), as the contract says."""
+
+    def forward(self, x):
+        if x.dtype == torch.bfloat16:
+            raise NotImplementedError("DeclinesBf16: no bf16 kernel")
+        return super().forward(x)
+
+
+def tiny_llama_declines_bf16():
+    """tiny_llama whose bases decline bf16."""
+    model = tiny_llama()
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, (i, o) in LLAMA_SIZES.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, lora(quant(i, o, group=32, cls=DeclinesBf16), r=4,
+                                               alpha=8.0))
+    return model
+
+
 NOT_A_MODEL = 42
 
 

@@ -89,6 +89,14 @@ def main():
         assert "replay: gradscope.check_module(<LlamaMLP>" in failed[0].find("failure").text
         assert sorted(os.listdir(dumps))[:2] == ["model.layers.0.mlp.h5",
                                                  "model.layers.0.self_attn.h5"], os.listdir(dumps)
+        # A dtype every module declines: skipped in JUnit, not a failure (exit 0).
+        rc, out = run("lora_models:tiny_llama_declines_bf16", "--dtype", "fp32", "--dtype", "bf16",
+                      "--junit", x)
+        assert rc == 0 and "(bf16 unsupported)" in out, out
+        suite = ET.parse(x).getroot().find("testsuite")
+        assert suite.get("skipped") == "6" and suite.get("failures") == "0", suite.attrib
+        skipped = [c for c in suite.findall("testcase") if c.find("skipped") is not None]
+        assert "no bf16 kernel" in skipped[0].find("skipped").get("message"), skipped[0]
         with h5py.File(os.path.join(dumps, "model.layers.1.mlp.h5"), "r") as f:
             [case] = [n for n in f if n.startswith("mlp.bf16.")]
             assert f[case]["layer0/mlp/down_proj/output"].attrs["status"] in (b"fail", "fail")
