@@ -9,7 +9,8 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 3. Bugs planted in the layer, in no fault list of gradscope's, are caught and named: attention
    scaled by 1/head_dim instead of 1/sqrt(head_dim), and a residual whose gradient is cut.
 4. check_model(by="layer") judges a two-layer LlamaForCausalLM layer by layer; a bug planted in
-   layer 1's down_proj base makes model.layers.1 the first divergence. With inputs="model" each
+   layer 1's down_proj base makes model.layers.1 the first divergence; a layer without LoRA on
+   all seven projections is judged module by module. With inputs="model" each
    layer (or module) is judged on the input and output gradient the model's own forward and
    backward give it, and on its own weights: the model passes; the bug is found in layer 1
    (module model.layers.1.mlp) while layer 0, upstream of it in the forward and downstream in
@@ -22,8 +23,8 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 import sys
 
 import torch
-from lora_models import (LLAMA_SIZES, lora, quant, tiny_llama, tiny_llama_down_proj_bug,
-                         with_own_weights)
+from lora_models import (LLAMA_SIZES, expect_failure, expect_refusal, lora, quant, tiny_llama,
+                         tiny_llama_down_proj_bug, with_own_weights)
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
@@ -52,26 +53,6 @@ def tiny_llama_layer():
 def llama_config(**kw):
     return LlamaConfig(hidden_size=128, intermediate_size=352, num_attention_heads=4,
                        num_key_value_heads=2, **kw)
-
-
-def expect_failure(layer, names, **kw):
-    try:
-        gradscope.check_module(layer, **kw)
-    except AssertionError as e:
-        text = str(e)
-        for name in names:
-            assert f"  {name}: " in text, (name, text)
-        return text
-    raise AssertionError(f"a planted bug in {type(layer).__name__} passed")
-
-
-def expect_refusal(layer, words, **kw):
-    try:
-        gradscope.check_module(layer, **kw)
-    except gradscope.ModuleRefused as e:
-        assert words in str(e), (words, str(e))
-        return
-    raise AssertionError(f"{type(layer).__name__} was not refused ({words})")
 
 
 class DetachedResidual(LlamaDecoderLayer):
@@ -126,6 +107,14 @@ def main():
     assert [m.passed for m in report.modules] == [True, False], report.table()
     assert report.divergence_lines()[0].startswith("first divergence: model.layers.1 (layer)")
     print(report.table())
+    # A layer without LoRA on all seven projections goes module by module.
+    partial_lora = tiny_llama()
+    partial_lora.model.layers[0].mlp.gate_proj = torch.nn.Linear(128, 352, bias=False)
+    report = gradscope.check_model(partial_lora.to(DEVICE), by="layer")
+    assert report.passed and [(m.path, m.kind) for m in report.modules] == [
+        ("model.layers.0.self_attn", "qkv"), ("model.layers.0.self_attn.o_proj", "lora_w"),
+        ("model.layers.0.mlp.up_proj", "lora_w"), ("model.layers.0.mlp.down_proj", "lora_w"),
+        ("model.layers.1", "layer")], report.table()
 
     # ... on what the model gives each layer and module (its own weights; lora_B drawn non-zero).
     def own_weights(model):

@@ -29,34 +29,14 @@ import warnings
 import h5py
 
 import torch
-from lora_models import ReadsV1AsV2, lora, quant, tiny_llama, tiny_llama_down_proj_bug
-from safetensors.torch import save_file
+from lora_models import (ReadsV1AsV2, expect_failure, expect_refusal, lora, quant, tiny_llama,
+                         tiny_llama_down_proj_bug)
 from peft.tuners.lora.gptq import GPTQLoraLinear
+from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
 
 import gradscope
-
-
-def expect_failure(module, names, **kw):
-    try:
-        gradscope.check_module(module, **kw)
-    except AssertionError as e:
-        text = str(e)
-        for name in names:
-            assert f"  {name}: " in text, (name, text)
-        return text
-    raise AssertionError(f"a planted bug in {type(module).__name__} passed")
-
-
-def expect_refusal(module, words, **kw):
-    try:
-        gradscope.check_module(module, **kw)
-    except gradscope.ModuleRefused as e:
-        assert words in str(e), (words, str(e))
-        return
-    raise AssertionError(f"{type(module).__name__} was not refused")
-
 
 
 class V1WithoutSaying(gradscope.QuantLinear):
@@ -231,6 +211,7 @@ def main():
     for proj in (layer.self_attn.q_proj, layer.mlp.down_proj):
         filled(proj.base_layer, 6)
         adapters_drawn(proj, 7)
+    # A tensor of the file the case did not take (the norms among them) would be exit 2.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the other five projections' lora_B are peft's zeros
         assert gradscope.check_module(layer, weights="module", dtypes="bf16")[0].passed

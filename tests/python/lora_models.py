@@ -1,6 +1,6 @@
 """Models as users build them for gradscope's Python tests: peft's GPTQ LoRA layer over a GPTQ
 QuantLinear, and a small LlamaForCausalLM with LoRA on all seven projections. Also factories
-for `python -m gradscope model lora_models:NAME`."""
+for `python -m gradscope model lora_models:NAME`, and the tests' expectations of check_module."""
 import torch
 from peft.tuners.lora import LoraConfig
 from peft.tuners.lora.gptq import GPTQLoraLinear
@@ -98,6 +98,28 @@ def tiny_llama_declines_bf16():
                     setattr(parent, name, lora(quant(i, o, group=32, cls=DeclinesBf16), r=4,
                                                alpha=8.0))
     return model
+
+
+def expect_failure(module, names, **kw):
+    """check_module fails and names each of `names` (the module's own paths); returns the text."""
+    try:
+        gradscope.check_module(module, **kw)
+    except AssertionError as e:
+        text = str(e)
+        for name in names:
+            assert f"  {name}: " in text, (name, text)
+        return text
+    raise AssertionError(f"a planted bug in {type(module).__name__} passed")
+
+
+def expect_refusal(module, words, **kw):
+    """check_module refuses the module (ModuleRefused) with `words` in the message."""
+    try:
+        gradscope.check_module(module, **kw)
+    except gradscope.ModuleRefused as e:
+        assert words in str(e), (words, str(e))
+        return
+    raise AssertionError(f"{type(module).__name__} was not refused ({words})")
 
 
 NOT_A_MODEL = 42
