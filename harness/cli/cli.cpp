@@ -11,8 +11,10 @@
 
 #include "gradscope/faults.h"
 #include "harness/catalog/case_coverage.h"
+#include "harness/catalog/kind_registry.h"
 #include "harness/checkpoint/checkpoint_writer.h"
 #include "harness/checkpoint/gptq_config.h"
+#include "harness/checkpoint/safetensors_file.h"
 #include "harness/cli/case_selection.h"
 #include "harness/cli/checkpoint_commands.h"
 #include "harness/cli/output_paths.h"
@@ -68,6 +70,25 @@ int command_coverage(const CaseSelection& sel, const std::string& json) {
 
 int command_list(const CaseSelection& sel) {
   for (const auto& sc : select_cases(sel)) std::cout << sc.id << '\n';
+  return 0;
+}
+
+// `gradscope tensors`: one case's generated tensors, under the names its `tensors` field takes,
+// to a safetensors file (what gradscope.make_case reads).
+int command_tensors(const CaseSelection& sel, const std::string& out) {
+  check_outputs({{"--out", out}}, {});
+  const auto selected = select_cases(sel);
+  if (selected.size() != 1) {
+    throw InputError("tensors: the selection holds " + std::to_string(selected.size()) +
+                     " cases; select one (--filter ID)");
+  }
+  const auto& sc = selected.front();
+  std::vector<safetensors::OutputTensor> tensors;
+  for (const auto& [name, t] : find_kind(sc.spec.kind)->generate(sc.spec, sc.id, RunOptions{})) {
+    tensors.push_back(to_safetensors(name, t));
+  }
+  safetensors::write_file(out, std::move(tensors), {{"case_id", sc.id}});
+  std::cout << sc.id << ": " << out << '\n';
   return 0;
 }
 
@@ -350,6 +371,14 @@ int run_cli_as(int argc, const char* const* argv, const CliHost& host) {
   auto* faults = app.add_subcommand("faults", "list the faults --inject can switch on");
   auto* list = app.add_subcommand("list", "print the id of every selected case");
   add_selection_options(list, list_sel);
+  CaseSelection tensors_sel;
+  std::string tensors_out;
+  auto* tensors = app.add_subcommand(
+      "tensors", "write one case's generated tensors to a safetensors file (a case's `tensors`)");
+  add_selection_options(tensors, tensors_sel);
+  tensors->add_option("--out", tensors_out, "the safetensors file to write")
+      ->required()
+      ->check(kNonEmpty);
   auto* coverage = add_coverage(app, coverage_args);
   auto* show = add_show(app, show_args);
   auto* diff = add_diff(app, diff_args);
@@ -395,6 +424,7 @@ int run_cli_as(int argc, const char* const* argv, const CliHost& host) {
       return command_dequant(std::cout, dequant_args.dir, dequant_args.module, dequant_args.out);
     }
     if (exporter->parsed()) return command_export(export_args);
+    if (tensors->parsed()) return command_tensors(tensors_sel, tensors_out);
     return command_list(list_sel);
   } catch (const InputError& e) {
     std::cerr << "gradscope: error: " << e.what() << '\n';

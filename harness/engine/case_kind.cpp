@@ -1,5 +1,7 @@
 #include "harness/engine/case_kind.h"
 
+#include "harness/common/input_error.h"
+
 #ifdef GRADSCOPE_WITH_CUDA
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -55,6 +57,17 @@ std::vector<std::string> CaseKind::prod_ops(const CaseSpec& spec) const {
 
 int64_t CaseKind::processes_needed(const CaseSpec& spec) const {
   return decl_.processes_needed ? decl_.processes_needed(spec) : 0;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> CaseKind::generate(
+    const CaseSpec& spec, const std::string& id, const RunOptions& options) const {
+  const auto testbed = decl_.testbed(CaseContext{spec, id, options});
+  testbed->generate();
+  auto tensors = testbed->generated();
+  if (tensors.empty()) {
+    throw InputError(id + ": kind '" + decl_.name + "' does not list its generated tensors");
+  }
+  return tensors;
 }
 
 CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,

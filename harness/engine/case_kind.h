@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "harness/spec/case_spec.h"
 #include "reports/report_types.h"
 
@@ -63,6 +65,10 @@ class Testbed {
   virtual void floor() {}
   // The checks, the inputs to keep and any metrics of the kind's own, from what the phases left.
   virtual void verify(CaseResult& out) = 0;
+  // After generate: every generated tensor the implementations and the reference compute from,
+  // under the names a case's `tensors` file takes (docs/case-files.md); empty: the kind does
+  // not list them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> generated() const { return {}; }
 };
 
 // Where and how a case runs, as its testbed is given it.
@@ -131,6 +137,11 @@ class CaseKind {
   void sample(CaseDraw& draw) const { decl_.sample(draw); }
   // Runs the case's phases and returns every check, paths prefixed by `id`.
   CaseResult run(const CaseSpec& spec, const std::string& id, const RunOptions& options) const;
+  // Runs only the generate phase and returns Testbed::generated(); throws InputError for a kind
+  // that does not list them.
+  std::vector<std::pair<std::string, at::Tensor>> generate(const CaseSpec& spec,
+                                                           const std::string& id,
+                                                           const RunOptions& options) const;
 
  private:
   KindDecl decl_;

@@ -71,6 +71,18 @@ class LayerTestbed final : public Testbed {
     }
   }
 
+  std::vector<std::pair<std::string, at::Tensor>> generated() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out{{"x", x_.base.detach().cpu()},
+                                                        {"dy", dy_.base.cpu()}};
+    for (size_t i = 0; i < stack_.size(); ++i) {
+      const std::string layer = "layers." + std::to_string(i + 1) + ".";
+      out.emplace_back(layer + "input_norm", stack_[i].input_norm);
+      out.emplace_back(layer + "post_attention_norm", stack_[i].post_attention_norm);
+      for (const auto& p : stack_[i].projections) tb::append_generated(out, layer + p.name, p);
+    }
+    return out;
+  }
+
   // Layer i's reference on exactly the rounded input and gradient prod sees, and the floor on
   // that problem (timed apart, as floor.seconds, inside this phase).
   void ref() override {

@@ -44,6 +44,16 @@ class LoraOpTestbed final : public Testbed {
     }
   }
 
+  // The dropout masks are drawn from the seed only: a tensors file does not replace them.
+  std::vector<std::pair<std::string, at::Tensor>> generated() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out{{"x", x_.base.detach().cpu()}};
+    for (size_t i = 0; i < output_grads_.size(); ++i) {
+      out.emplace_back(shape_.outputs[i].grad, output_grads_[i].base.cpu());
+    }
+    for (const auto& p : projections_) append_generated(out, p.name, p);
+    return out;
+  }
+
   void prod() override { run(Role::kProd, prod_); }
   void base() override { run(Role::kBase, base_); }
 

@@ -245,6 +245,18 @@ std::optional<GptqWeight> packed_from_file(const Config& c, const std::string& s
 
 }  // namespace
 
+void append_generated(std::vector<std::pair<std::string, at::Tensor>>& out,
+                      const std::string& prefix, const Projection& p) {
+  const LoraProjection& b = p.base;
+  for (const auto& [part, t] :
+       {std::pair{".qweight", b.base.qweight}, std::pair{".qzeros", b.base.qzeros},
+        std::pair{".scales", b.base.scales}, std::pair{".g_idx", b.base.g_idx},
+        std::pair{".lora_A", b.lora_A}, std::pair{".lora_B", b.lora_B},
+        std::pair{".bias", b.bias}}) {
+    if (t.defined()) out.emplace_back(prefix + part, t.detach().cpu().contiguous());
+  }
+}
+
 void require_all_tensors_taken(const Config& c, const std::string& case_id) {
   if (c.tensors()) c.tensors()->require_all_taken(case_id);
 }

@@ -93,6 +93,11 @@ struct Projection {
   reference::Projection ref;
   const LoraProjection& of(Role role) const { return role == Role::kProd ? prod : base; }
 };
+// A projection's generated tensors (packed base, adapters, bias) under `prefix` + ".qweight" ...,
+// the names a `tensors` file takes; host tensors.
+void append_generated(std::vector<std::pair<std::string, at::Tensor>>& out,
+                      const std::string& prefix, const Projection& p);
+
 // After a case's draws: every tensor of the `tensors` file was taken, else InputError.
 void require_all_tensors_taken(const Config& c, const std::string& case_id);
 

@@ -30,7 +30,8 @@ import scipy_openblas32  # noqa: E402  (the reference's BLAS, a dependency)
 ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True)))
 
 from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
-from .api import Case, Check, GradscopeInputError, check, define_ops, list_cases, main
+from .api import (Case, Check, GradscopeInputError, check, define_ops, list_cases, main,
+                  make_case)
 from .check_module import ModelReport, ModuleRefused, ModuleResult, check_model, check_module
 from .quant_linear import QuantLinear
 
@@ -50,5 +51,6 @@ __all__ = [
     "check_module",
     "define_ops",
     "list_cases",
+    "make_case",
     "main",
 ]

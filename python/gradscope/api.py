@@ -5,7 +5,10 @@ import json
 import os
 import sys
 import tempfile
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    import torch
 
 from . import _gradscope
 
@@ -234,6 +237,35 @@ def check(
             lines += failure_lines(c)
         raise AssertionError("\n".join(lines))
     return result
+
+
+def make_case(
+    cases: Sequence[str] = (),
+    *,
+    suite: Optional[str] = None,
+    filter: Union[None, str, Sequence[str]] = None,
+    device: Optional[str] = None,
+    dtype: Optional[str] = None,
+    seed: Optional[int] = None,
+) -> Dict[str, "torch.Tensor"]:
+    """One case's generated tensors by name (x, output gradients, each projection's packed base,
+    adapters and bias, a stack's norms: the names a case's `tensors` file takes), on the host.
+    The selection must hold exactly one case; raises GradscopeInputError otherwise."""
+    __tracebackhide__ = True
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise GradscopeInputError("make_case reads the case's tensors with the safetensors "
+                                  "package: pip install safetensors") from e
+    with tempfile.TemporaryDirectory(prefix="gradscope-case-") as scratch:
+        out = os.path.join(scratch, "case.safetensors")
+        args = ["tensors", *_selection(cases, suite, filter, device, dtype, seed), "--out", out]
+        with _CapturedFd() as captured:
+            code = _run(args)
+        if code != 0:
+            raise GradscopeInputError((captured.err or captured.out).strip() or
+                                      f"exit code {code}")
+        return load_file(out)
 
 
 def list_cases(

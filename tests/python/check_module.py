@@ -17,7 +17,8 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    construction fails on the case's weights and passes on its own; peft's zero lora_B is
    redrawn with a warning; a decoder layer's own norms are taken too.
 7. A case's `tensors` file: its x, dy and adapters are the dump's inputs bit for bit (x and dy
-   rounded to bf16). A file that does not fit the case is refused naming the file and the tensor: a
+   rounded to bf16); gradscope.make_case's tensors of a qkv case and of a two-layer stack, fed
+   back as the case's file, give every max_abs and limit of the seeded run bit for bit. A file that does not fit the case is refused naming the file and the tensor: a
    wrong shape or dtype, a name the case does not draw, a packed base without its g_idx, a g_idx
    naming a group that does not exist, a file that is not there, a NaN, a value beyond fp16, a
    given x with a profile field that would shape a draw.
@@ -235,6 +236,30 @@ def main():
             for name, t in given.items():
                 want = t.to(torch.bfloat16 if name in ("x", "dy") else torch.float32).double()
                 assert torch.equal(torch.from_numpy(inputs[name][()]).double(), want), name
+    # make_case gives a case's tensors under those names: fed back as the case's tensors file,
+    # the case judges the same values (every max_abs and limit the same, bit for bit).
+    with tempfile.TemporaryDirectory() as d:
+        for text in ('kind = "qkv"\nhidden = 128\nheads = 4\nkv_heads = 2\nbias = true\n'
+                     'dtype = "bf16"\nseq = 9\n',
+                     'kind = "layer"\nlayers = 2\nseq = 9\ndtype = "fp16"\n'):
+            plain = os.path.join(d, "plain.toml")
+            with open(plain, "w") as f:
+                f.write(text)
+            tensors = gradscope.make_case(plain)
+            assert "x" in tensors and any(k.endswith("q_proj.qweight") for k in tensors), tensors
+            save_file(tensors, os.path.join(d, "t.safetensors"))
+            given = os.path.join(d, "given.toml")
+            with open(given, "w") as f:
+                f.write(text + f'tensors = "{d}/t.safetensors"\n')
+            [a], [b] = gradscope.check(plain), gradscope.check(given)
+            assert a.passed and b.passed, (a, b)
+            assert [(k.max_abs, k.limit) for k in a.checks] == [
+                (k.max_abs, k.limit) for k in b.checks], (a.checks, b.checks)
+        try:
+            gradscope.make_case(plain, filter="no-such-case*")
+            raise RuntimeError("make_case of no case did not raise")
+        except gradscope.GradscopeInputError as e:
+            assert "no case id matches" in str(e), str(e)
     # Tensors files that do not fit the case.
     packed = {"o_proj.qweight": torch.zeros(8, 32, dtype=torch.int32),
               "o_proj.qzeros": torch.zeros(2, 4, dtype=torch.int32),
