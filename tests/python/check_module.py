@@ -18,10 +18,11 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    redrawn with a warning; a decoder layer's own norms are taken too.
 7. A case's `tensors` file: its x, dy and adapters are the dump's inputs bit for bit (x and dy
    rounded to bf16); gradscope.make_case's tensors of a qkv case and of a two-layer stack, fed
-   back as the case's file, give every max_abs and limit of the seeded run bit for bit. A file that does not fit the case is refused naming the file and the tensor: a
-   wrong shape or dtype, a name the case does not draw, a packed base without its g_idx, a g_idx
-   naming a group that does not exist, a file that is not there, a NaN, a value beyond fp16, a
-   given x with a profile field that would shape a draw.
+   back as the case's file, give every max_abs and limit of the seeded run bit for bit. A file
+   that does not fit the case is refused naming the file and the tensor: a wrong shape or
+   dtype, a name the case does not draw, a packed base without its g_idx, a g_idx naming a
+   group that does not exist, a file that is not there, a NaN, a value beyond fp16, a given x
+   with a profile field that would shape a draw.
 """
 import os
 import tempfile
