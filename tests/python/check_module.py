@@ -109,6 +109,13 @@ def adapters_drawn(m, seed):
     return m
 
 
+def case_file(folder, text):
+    path = os.path.join(folder, f"case{len(os.listdir(folder))}.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def refused_file(tensors, words, case="lora_w", extra=""):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.safetensors")
@@ -256,11 +263,17 @@ def main():
             assert a.passed and b.passed, (a, b)
             assert [(k.max_abs, k.limit) for k in a.checks] == [
                 (k.max_abs, k.limit) for k in b.checks], (a.checks, b.checks)
-        try:
-            gradscope.make_case(plain, filter="no-such-case*")
-            raise RuntimeError("make_case of no case did not raise")
-        except gradscope.GradscopeInputError as e:
-            assert "no case id matches" in str(e), str(e)
+        for args, kw, words in [
+                ((plain,), {"filter": "no-such-case*"}, "no case id matches"),
+                ((plain, case_file(d, 'kind = "qkv"\n[matrix]\ndtype = ["fp32", "bf16"]\n')),
+                 {}, "the selection holds 3 cases; select one"),
+                ((case_file(d, 'kind = "dequant"\n'),), {},
+                 "kind 'dequant' does not list its generated tensors")]:
+            try:
+                gradscope.make_case(*args, **kw)
+                raise RuntimeError(f"make_case{args} did not raise")
+            except gradscope.GradscopeInputError as e:
+                assert words in str(e), (words, str(e))
     # Tensors files that do not fit the case.
     packed = {"o_proj.qweight": torch.zeros(8, 32, dtype=torch.int32),
               "o_proj.qzeros": torch.zeros(2, 4, dtype=torch.int32),
