@@ -270,7 +270,7 @@ def main():
                 ((case_file(d, 'kind = "dequant"\n'),), {},
                  "kind 'dequant' does not list its generated tensors")]:
             try:
-                gradscope.make_case(*args, **kw)
+                gradscope.make_case(list(args), **kw)
                 raise RuntimeError(f"make_case{args} did not raise")
             except gradscope.GradscopeInputError as e:
                 assert words in str(e), (words, str(e))
