@@ -32,7 +32,7 @@ def run(*args):
 
 
 def run_in_process(*args):
-    """The same command in this process (the bad inputs: no model is judged)."""
+    """The same command in this process (no interpreter to start: the command's own output)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         rc = api.main(["model", *args])
@@ -67,17 +67,20 @@ def main():
         page = open(h).read()
         assert "first divergence: model.layers.1.mlp" in page and ">FAIL<" in page
         # ... and layer by layer, each decoder layer whole.
-        rc, out = run("lora_models:tiny_llama_down_proj_bug", "--by", "layer", "--json", j)
+        rc, out = run_in_process("lora_models:tiny_llama_down_proj_bug", "--by", "layer",
+                                 "--json", j)
         assert rc == 1 and "first divergence: model.layers.1 (layer); 1 of 2" in out, out
         data = json.load(open(j))
         assert [(m["path"], m["kind"], m["passed"]) for m in data["modules"]] == [
             ("model.layers.0", "layer", True), ("model.layers.1", "layer", False)], data
-        rc, out = run("lora_models:tiny_llama_trained", "--by", "layer", "--inputs", "model")
+        rc, out = run_in_process("lora_models:tiny_llama_trained", "--by", "layer", "--inputs",
+                                 "model")
         assert rc == 0 and "model.layers.1  layer   pass" in out, out
         # JUnit: a test per module, dtype and tensor; HDF5: a dump per module.
         x, dumps = os.path.join(d, "model.xml"), os.path.join(d, "dumps")
         os.mkdir(dumps)
-        rc, out = run("lora_models:tiny_llama_down_proj_bug", "--junit", x, "--dump-dir", dumps)
+        rc, out = run_in_process("lora_models:tiny_llama_down_proj_bug", "--junit", x,
+                                 "--dump-dir", dumps)
         assert rc == 1, out
         suite = ET.parse(x).getroot().find("testsuite")
         cases = suite.findall("testcase")
@@ -90,8 +93,8 @@ def main():
         assert sorted(os.listdir(dumps))[:2] == ["model.layers.0.mlp.h5",
                                                  "model.layers.0.self_attn.h5"], os.listdir(dumps)
         # A dtype every module declines: skipped in JUnit, not a failure (exit 0).
-        rc, out = run("lora_models:tiny_llama_declines_bf16", "--dtype", "fp32", "--dtype", "bf16",
-                      "--junit", x)
+        rc, out = run_in_process("lora_models:tiny_llama_declines_bf16", "--dtype", "fp32",
+                                 "--dtype", "bf16", "--junit", x)
         assert rc == 0 and "(bf16 unsupported)" in out, out
         suite = ET.parse(x).getroot().find("testsuite")
         assert suite.get("skipped") == "6" and suite.get("failures") == "0", suite.attrib
