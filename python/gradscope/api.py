@@ -239,6 +239,17 @@ def check(
     return result
 
 
+def _run_command(args: Sequence[str]) -> str:
+    """Runs a command that prints no report; its stdout, or GradscopeInputError with its
+    message when it does not exit 0."""
+    __tracebackhide__ = True
+    with _CapturedFd() as captured:
+        code = _run(args)
+    if code != 0:
+        raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
+    return captured.out
+
+
 def make_case(
     cases: Sequence[str] = (),
     *,
@@ -259,12 +270,8 @@ def make_case(
                                   "package: pip install safetensors") from e
     with tempfile.TemporaryDirectory(prefix="gradscope-case-") as scratch:
         out = os.path.join(scratch, "case.safetensors")
-        args = ["tensors", *_selection(cases, suite, filter, device, dtype, seed), "--out", out]
-        with _CapturedFd() as captured:
-            code = _run(args)
-        if code != 0:
-            raise GradscopeInputError((captured.err or captured.out).strip() or
-                                      f"exit code {code}")
+        _run_command(["tensors", *_selection(cases, suite, filter, device, dtype, seed),
+                      "--out", out])
         return load_file(out)
 
 
@@ -281,9 +288,5 @@ def list_cases(
 
     Raises GradscopeInputError for a selection gradscope refuses (a bad file, no match)."""
     __tracebackhide__ = True
-    args = ["list", *_selection(cases, suite, filter, device, dtype, seed)]
-    with _CapturedFd() as captured:
-        code = _run(args)
-    if code != 0:
-        raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
-    return [line for line in captured.out.splitlines() if line.strip()]
+    out = _run_command(["list", *_selection(cases, suite, filter, device, dtype, seed)])
+    return [line for line in out.splitlines() if line.strip()]
