@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import api
+from . import api, end_to_end as e2e
 from .adapters._case_dropout import MaskDropout
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -590,9 +590,11 @@ class ModuleResult:
 
 @dataclasses.dataclass
 class ModelReport:
-    """check_model's result: every module it found, in the model's order."""
+    """check_model's result: every module it found, in the model's order, then the model end
+    to end (path "end_to_end", kind "model") where it ran, or a note saying why it did not."""
 
     modules: List[ModuleResult]
+    note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -623,7 +625,7 @@ class ModelReport:
             declined = f"  ({', '.join(m.unsupported)} unsupported)" if m.unsupported else ""
             lines.append(f"{m.path:<{width}}  {m.kind:<6}  {'pass' if m.passed else 'FAIL':<7}  "
                          f"{ratio:.3g}  {where[len(m.path) + 1:]}{declined}")
-        return "\n".join(lines)
+        return "\n".join(lines + ([self.note] if self.note else []))
 
 
 def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]:
@@ -741,6 +743,7 @@ def check_model(
     by: str = "module",
     inputs: str = "case",
     dump_dir: Optional[str] = None,
+    end_to_end: Union[str, bool] = "auto",
     raise_on_failure: bool = True,
 ) -> ModelReport:
     """Judges every LoRA module of `model` by check_module, one module at a time, in the
@@ -755,6 +758,11 @@ def check_model(
     its own weights (weights="module"), so a module is judged where the model puts it without a
     bug upstream reaching it. `dump_dir`: an existing folder that gets one HDF5 dump per module,
     <module path>.h5.
+    `end_to_end`: also judge the model's loss and every LoRA gradient end to end against the
+    same model in fp64 on the CPU, with a plain baseline (gradscope/end_to_end.py; seeded
+    token ids as for inputs="model"): "auto" where the model allows it (a causal LM, no
+    dropout, trained lora_B, the fp64 copy within half the available memory) and a note why
+    not otherwise, True to require it (ModuleRefused if it cannot), False to skip it.
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
@@ -769,6 +777,9 @@ def check_model(
         raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
     if dump_dir is not None and not os.path.isdir(dump_dir):
         raise api.GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
+    if end_to_end not in ("auto", True, False):
+        raise api.GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
+                                      "False")
     modules = {path: module for path, module in model.named_modules()}
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
                 else {})
@@ -784,6 +795,16 @@ def check_model(
                                               raise_on_failure=False))
         for i, (path, kind) in enumerate(found)
     ])
+    if end_to_end is not False:
+        loras = [e2e._Lora(path, m, _lora_linear(m, path, adapter))
+                 for path, m in model.named_modules() if _is_lora(m)]
+        try:
+            case = e2e.judge(model, loras, adapter, batch, seq, seed, zero_format)
+            report.modules.append(ModuleResult("end_to_end", "model", [case]))
+        except e2e.NotRun as e:
+            if end_to_end is True:
+                raise ModuleRefused(f"end_to_end=True: {e}") from None
+            report.note = f"end to end: not run: {e}"
     if report.first_failure is not None and raise_on_failure:
         raise AssertionError("\n".join(report.divergence_lines() + ["", report.table()]))
     return report

@@ -26,7 +26,7 @@ from .check_module import ModelReport, ModuleRefused, check_model
 
 # The heatmap's columns: a check's tensor, by the last part of the module's own name for it.
 _ROLES = (("output", "output"), ("input.grad", "input.grad"),
-          ("lora_A.grad", ".lora_A."), ("lora_B.grad", ".lora_B."))
+          ("lora_A.grad", ".lora_A."), ("lora_B.grad", ".lora_B."), ("loss", "loss"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", choices=("case", "model"), default="case",
                    help="seeded inputs (default), or each module's input and output gradients "
                         "from the model's own forward and backward, with its own weights")
+    p.add_argument("--end-to-end", choices=("auto", "on", "off"), default="auto",
+                   help="also judge the loss and every LoRA gradient against the model in fp64: "
+                        "where the model allows it (auto), required (on), or not (off)")
     p.add_argument("--json", metavar="FILE", help="every module's checks as JSON")
     p.add_argument("--html", metavar="FILE", help="a heatmap of err/limit")
     p.add_argument("--junit", metavar="FILE",
@@ -98,6 +101,7 @@ def report_data(report: ModelReport) -> Dict[str, Any]:
     return {
         "passed": report.passed,
         "first_divergence": first.path if first else None,
+        "note": report.note or None,
         "modules": [{
             "path": m.path, "kind": m.kind, "passed": m.passed,
             "cases": [{
@@ -226,7 +230,9 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
         report = check(model, adapter=args.adapter, dtypes=args.dtype or ["bf16"],
                        batch=args.batch, seq=args.seq, seed=args.seed,
                        zero_format=args.zero_format, by=args.by, inputs=args.inputs,
-                       dump_dir=args.dump_dir, raise_on_failure=False)
+                       dump_dir=args.dump_dir,
+                       end_to_end={"auto": "auto", "on": True, "off": False}[args.end_to_end],
+                       raise_on_failure=False)
     except (api.GradscopeInputError, ModuleRefused) as e:
         print(f"gradscope model: {e}", file=sys.stderr)
         return 2

@@ -9,11 +9,18 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    module and, on the model's own activations, layer by layer.
 2. A copy whose o_proj in the last layer computes its LoRA path through an autograd function
    that leaves the scaling out of lora_B's gradient fails, and the first divergence names that
-   layer, o_proj and lora_B's gradient, with every other module passing.
+   layer, o_proj and lora_B's gradient, with every other module passing; end to end, only that
+   gradient fails.
+3. End to end (the loss and every LoRA gradient against the model in fp64): the fp32 model and
+   the same model held in bf16 and in fp16 pass, as does an fp16 model whose bases round
+   differently (another GEMM layout); a final norm patched to forget its weight (an
+   instance-level forward, as model patchers install fused kernels) passes every module check
+   and fails end to end.
 Prints each run's wall time.
 """
 import sys
 import time
+import types
 
 import torch
 from lora_models import lora, quant, with_own_weights
@@ -55,7 +62,16 @@ class LoraBGradUnscaled(GPTQLoraLinear):
         return self.base_layer(x) + lora_out.to(x.dtype)
 
 
-def build(bug=False):
+class TransposedGemm(gradscope.QuantLinear):
+    """A correct base that rounds differently: x Wᵀ from W [out, in] (another GEMM layout)."""
+
+    def forward(self, x):
+        w = torch.ops.gradscope.dequantize(self.qweight, self.qzeros, self.scales, self.g_idx,
+                                           self.bits, self.zero_format, x.dtype)
+        return torch.nn.functional.linear(x, w.t().contiguous())
+
+
+def build(bug=False, dtype=torch.float32, base=gradscope.QuantLinear, seed=0):
     shape = dict(SHAPES[SHAPE])
     group = shape.pop("group")
     config = LlamaConfig(vocab_size=64, **shape)
@@ -64,7 +80,8 @@ def build(bug=False):
     sizes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
              "o_proj": (hidden, hidden), "gate_proj": (hidden, inter),
              "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
-    model = LlamaForCausalLM(config)
+    torch.manual_seed(seed)  # transformers' and peft's initialisation: the same model every run
+    model = LlamaForCausalLM(config).to(dtype)  # the adapters stay fp32, as peft keeps them
     last = len(model.model.layers) - 1
     for i, layer in enumerate(model.model.layers):
         for parent in (layer.self_attn, layer.mlp):
@@ -72,7 +89,7 @@ def build(bug=False):
                 if hasattr(parent, name):
                     cls = LoraBGradUnscaled if bug and i == last and name == "o_proj" else \
                         GPTQLoraLinear
-                    setattr(parent, name, lora(quant(n_in, n_out, group=group), r=16,
+                    setattr(parent, name, lora(quant(n_in, n_out, group=group, cls=base), r=16,
                                                alpha=32.0, cls=cls))
     return with_own_weights(model).to(DEVICE), last
 
@@ -84,16 +101,41 @@ def timed(what, fn):
     return result
 
 
+def end_to_end(report):
+    """The end-to-end result of a report (it must have run)."""
+    assert report.modules[-1].path == "end_to_end", report.table()
+    return report.modules[-1]
+
+
+def forgets_norm_weight(self, x):
+    """A fused RMSNorm as a patcher installs it (module.forward = MethodType(...)), without the
+    weight."""
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+
 def main():
     dtypes = ["fp32", "bf16", "fp16"]
     model, last = build()
-    report = timed(f"check_model, {SHAPE}, modules, 3 dtypes",
+    report = timed(f"check_model, {SHAPE}, modules, 3 dtypes, fp32 model end to end",
                    lambda: gradscope.check_model(model, dtypes=dtypes))
     print(report.table())
     report = timed(f"check_model, {SHAPE}, layers on the model's activations, 3 dtypes",
                    lambda: gradscope.check_model(model, dtypes=dtypes, by="layer",
-                                                 inputs="model"))
+                                                 inputs="model", end_to_end=False))
     print(report.table())
+    # The model as a user holds it in each dtype (adapters fp32, as peft keeps them), end to end.
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        report = timed(f"check_model, {SHAPE}, {name} model, end to end",
+                       lambda: gradscope.check_model(build(dtype=dtype)[0], dtypes=[name],
+                                                     end_to_end=True))
+        print(f"  end to end: worst err/limit {end_to_end(report).worst()[0]:.3g}")
+    # Correct and rounding differently from the baseline (on the CPU in fp16, the other GEMM
+    # layout rounds differently; bf16 and fp32 give the same bits): within the limit.
+    report = timed(f"check_model, {SHAPE}, fp16 model over a transposed GEMM, end to end",
+                   lambda: gradscope.check_model(build(dtype=torch.float16, base=TransposedGemm)[0],
+                                                 dtypes=["fp16"], end_to_end=True))
+    print(f"  end to end: worst err/limit {end_to_end(report).worst()[0]:.3g}")
 
     model, last = build(bug=True)
     report = timed(f"check_model, {SHAPE}, o_proj of layer {last} with the bug, 3 dtypes",
@@ -101,15 +143,32 @@ def main():
     first = report.first_failure
     where = f"model.layers.{last}.self_attn.o_proj"
     assert first is not None and first.path == where, report.table()
-    assert [m.path for m in report.modules if not m.passed] == [where], report.table()
+    assert [m.path for m in report.modules if not m.passed] == [where, "end_to_end"], \
+        report.table()
     failing = {k.name for c in first.cases for k in c.checks if not k.passed}
     assert failing == {"lora_B.default.weight.grad"}, failing
+    failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
+    assert failing == {f"{where}.lora_B.default.weight.grad"}, failing
     lines = report.divergence_lines()
     assert lines[0].startswith(f"first divergence: {where} (lora_w)"), lines
     assert any(line.startswith(f"  {where}.lora_B.default.weight.grad: ") for line in lines)
     print("\n".join(lines[:2]))
-    print(f"check_model on a {SHAPE} Llama ({DEVICE}): passes in fp32, bf16 and fp16; the "
-          f"planted lora_B backward bug is the first divergence at {where}")
+
+    # Outside every LoRA module: a final norm that forgets its weight passes every module check
+    # and fails end to end, its loss and the gradients upstream of it.
+    model, last = build()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    model.model.norm.forward = types.MethodType(forgets_norm_weight, model.model.norm)
+    report = timed(f"check_model, {SHAPE}, final norm without its weight",
+                   lambda: gradscope.check_model(model, dtypes=["fp32"], raise_on_failure=False))
+    assert [m.path for m in report.modules if not m.passed] == ["end_to_end"], report.table()
+    failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
+    assert {"loss", "per_token_loss"} <= failing and len(failing) > 2, failing
+    print(report.divergence_lines()[0])
+    print(f"check_model on a {SHAPE} Llama ({DEVICE}): passes in fp32, bf16 and fp16, module by "
+          f"module and end to end; the planted lora_B backward bug is the first divergence at "
+          f"{where}; a final norm without its weight fails end to end only")
 
 
 if __name__ == "__main__":

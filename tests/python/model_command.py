@@ -7,7 +7,8 @@ Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, trans
    model.layers.1.mlp" on the console and in the JSON, a FAIL cell in the heatmap; with
    --by layer, model.layers.1 (the layer judged whole).
    --junit has a test per module, dtype and tensor, the failures those of layer 1's mlp;
-   --dump-dir an HDF5 dump per module.
+   --dump-dir an HDF5 dump per module. The trained model passes end to end (the loss and 28
+   LoRA gradients); peft's zero lora_B gets a note instead, and a refusal under --end-to-end on.
 3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model or
    that raises, an output folder that does not exist, an unknown dtype.
 """
@@ -74,8 +75,18 @@ def main():
         assert [(m["path"], m["kind"], m["passed"]) for m in data["modules"]] == [
             ("model.layers.0", "layer", True), ("model.layers.1", "layer", False)], data
         rc, out = run_in_process("lora_models:tiny_llama_trained", "--by", "layer", "--inputs",
-                                 "model")
+                                 "model", "--json", j)
         assert rc == 0 and "model.layers.1  layer   pass" in out, out
+        # End to end where the model allows it: trained adapters, no dropout.
+        assert "end_to_end      model   pass" in out, out
+        data = json.load(open(j))
+        names = [k["name"] for k in data["modules"][-1]["cases"][0]["checks"]]
+        assert names[:3] == ["per_token_loss", "loss",
+                             "model.layers.0.self_attn.q_proj.lora_A.default.weight.grad"], names
+        assert len(names) == 2 + 2 * 7 * 2 and data["note"] is None, (names, data["note"])
+        # ... and a note where it does not: peft's zero lora_B.
+        rc, out = run_in_process("lora_models:tiny_llama", "--dtype", "fp32")
+        assert rc == 0 and "end to end: not run: model.layers.0.self_attn.q_proj.lora_B" in out
         # JUnit: a test per module, dtype and tensor; HDF5: a dump per module.
         x, dumps = os.path.join(d, "model.xml"), os.path.join(d, "dumps")
         os.mkdir(dumps)
@@ -113,6 +124,10 @@ def main():
             (("lora_models",), "expected MODULE:NAME"),
             (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
             (("lora_models:tiny_llama", "--by", "block"), "invalid choice: 'block'"),
+            (("lora_models:tiny_llama", "--end-to-end", "yes"), "invalid choice: 'yes'"),
+            (("lora_models:tiny_llama", "--end-to-end", "on"),
+             "end_to_end=True: model.layers.0.self_attn.q_proj.lora_B.default.weight and others "
+             "is all zeros"),
             (("lora_models:tiny_llama", "--dump-dir", os.path.join(d, "missing")),
              "--dump-dir " + os.path.join(d, "missing") + ": not a folder"),
             (("lora_models:tiny_llama", "--json", os.path.join(d, "missing", "r.json")),
@@ -124,7 +139,7 @@ def main():
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
           "layer 1's down_proj is the first divergence (exit 1), by module and by layer, in JUnit "
-          "and per-module dumps; nine bad inputs exit 2")
+          "and per-module dumps; end to end where the model allows it; eleven bad inputs exit 2")
 
 
 if __name__ == "__main__":

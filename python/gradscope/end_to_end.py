@@ -1,0 +1,337 @@
+"""A causal LM's loss and every LoRA gradient, end to end (docs/python.md, "End to end").
+
+Three runs of the same model on the same seeded token ids, to the mean next-token loss:
+- prod: the model as the user has it (its dtype, device, patches and loss function);
+- base: a copy in the model's dtype and on its device in which every LoRA linear over a GPTQ
+  base is a plain one (the exactly dequantized weight rounded once to the activation dtype,
+  x Wᵀ, and peft's adapter path in the adapters' dtype) and every instance-level forward
+  override (how model patchers install fused kernels) is reset to its class's forward;
+- ref: the same plain copy in fp64 on the CPU, adapters and weights converted exactly.
+Each LoRA gradient passes when its error's Frobenius norm is at most twice the baseline's, the
+per-token losses when their mean error is at most twice the baseline's (as the training kind's
+are), and the model's own loss within the same limit plus its mean's rounding: statistics over
+many elements, stable to a few percent, where a maximum without a floor would fail a correct
+model by chance; the element-wise rule with its derived floor is the per-module checks'
+(docs/verification.md, "End to end"). The reference is
+the model's own module code in fp64, not gradscope's independent reference: it localises
+nothing and proves the parts between the layers (embedding, final norm, lm_head, the loss) and
+the wiring; the per-module checks are the independent ones.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from . import api
+
+_MODES = ("auto", True, False)
+
+
+class NotRun(Exception):
+    """End to end cannot run on this model; the message says why."""
+
+
+@dataclasses.dataclass
+class _Lora:
+    path: str  # the LoRA linear's path in the model
+    module: torch.nn.Module
+    info: dict  # check_module._lora_linear's reading of it
+
+
+class _PlainLoraLinear(torch.nn.Module):
+    """y = (x Wᵀ + b) + B(A(x)) · scaling, summed in the wider dtype and rounded to x's: peft's
+    LoRA linear over a plain QuantLinear (x @ Wᵀ with Wᵀ dequantized [in, out], as GPTQ
+    QuantLinears hold it), without dropout (end to end runs none)."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
+                 lora_b: torch.Tensor, scaling: float) -> None:
+        super().__init__()
+        self.register_buffer("weight_t", weight)  # [in, out]
+        self.register_buffer("bias", bias)
+        self.lora_a = torch.nn.Parameter(lora_a)
+        self.lora_b = torch.nn.Parameter(lora_b)
+        self.scaling = scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        y = x @ self.weight_t.to(x.dtype)
+        y = y if bias is None else y + bias
+        h = torch.nn.functional.linear(x.to(self.lora_a.dtype), self.lora_a)
+        h = torch.nn.functional.linear(h, self.lora_b) * self.scaling
+        return (y + h).to(x.dtype)
+
+
+def _dense_weight(lora: _Lora, zero_format: Optional[str]) -> torch.Tensor:
+    """The base's weight, transposed ([in, out]), in fp64 on the CPU, exact: dequantize computes
+    scale · (code − zero) in fp32, and an fp16/bf16 scale times an integer of at most 9 bits
+    fits fp32's 24-bit significand (docs/gptq-format.md)."""
+    base = lora.module.base_layer
+    fmt = lora.info["zero_format"] or zero_format
+    if fmt is None:
+        raise NotRun(f"{lora.path}.base_layer does not say how its qzeros store zero points: "
+                     "pass zero_format='gptq' (v1) or 'gptq_v2'")
+    w = torch.ops.gradscope.dequantize(base.qweight.cpu(), base.qzeros.cpu(), base.scales.cpu(),
+                                       base.g_idx.cpu().to(torch.int32), int(base.bits), fmt,
+                                       torch.float32)
+    return w.double()
+
+
+def _scaling(info: dict) -> float:
+    """From r and alpha as the adapter's configuration states them (docs/lora-math.md), not
+    from the module's own `scaling`, so that a wrong scaling in the model is not copied."""
+    root = math.sqrt(info["rank"]) if info["rslora"] else info["rank"]
+    return info["alpha"] / root
+
+
+def _plain_copy(model: torch.nn.Module, loras: List[_Lora], adapter: str,
+                dense: Dict[str, torch.Tensor], dtype: Optional[torch.dtype]
+                ) -> Tuple[torch.nn.Module, Dict[str, _PlainLoraLinear]]:
+    """The model with plain LoRA linears and class forwards. dtype None: the model's dtypes,
+    device and (shared, unchanged) tensors; torch.float64: everything floating in fp64 on the
+    CPU. The model itself is not modified."""
+    memo: Dict[int, object] = {}
+    plain: Dict[str, _PlainLoraLinear] = {}
+    inside = set()
+    for lo in loras:
+        m = lo.module
+        a, b = m.lora_A[adapter].weight.detach(), m.lora_B[adapter].weight.detach()
+        bias = m.base_layer.bias
+        if dtype is None:
+            device = a.device
+            act = model.get_input_embeddings().weight.dtype
+            p = _PlainLoraLinear(dense[lo.path].to(device, act),
+                                 None if bias is None else bias.detach().clone(),
+                                 a.clone(), b.clone(), _scaling(lo.info))
+        else:
+            p = _PlainLoraLinear(dense[lo.path], None if bias is None else bias.detach().cpu().to(
+                dtype), a.cpu().to(dtype), b.cpu().to(dtype), _scaling(lo.info))
+        memo[id(m)] = plain[lo.path] = p
+        inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in inside or id(t) in memo:
+            continue
+        if dtype is None:
+            memo[id(t)] = t  # shared: base reads the model's own tensors and changes none
+        else:
+            converted = t.detach().cpu()
+            converted = converted.to(dtype) if converted.is_floating_point() else converted.clone()
+            memo[id(t)] = (torch.nn.Parameter(converted, requires_grad=False)
+                           if isinstance(t, torch.nn.Parameter) else converted)
+    copied = copy.deepcopy(model, memo)
+    for module in copied.modules():
+        # A patcher's fused kernel installed as module.forward = ...: the copy runs the class's.
+        module.__dict__.pop("forward", None)
+    config = getattr(copied, "config", None)
+    if config is not None and getattr(config, "_attn_implementation", None) not in ("eager",
+                                                                                    "sdpa"):
+        config._attn_implementation = "sdpa"  # plain attention, on any device and in fp64
+    return copied, plain
+
+
+def _fp64_bytes(model: torch.nn.Module, loras: List[_Lora], batch: int, tokens: int) -> int:
+    """A generous estimate of the fp64 copy: its tensors, the dense weights, and what a forward
+    keeps for the backward (about 16 hidden-sized and 4 MLP-sized activations per layer, the
+    attention scores, the logits three times)."""
+    inside = set()
+    dense = 0
+    for lo in loras:
+        inside.update(id(t) for t in list(lo.module.parameters()) + list(lo.module.buffers()))
+        dense += lo.info["in"] * lo.info["out"] + lo.info["rank"] * (lo.info["in"] +
+                                                                     lo.info["out"])
+    others = sum(t.numel() for t in list(model.parameters()) + list(model.buffers())
+                 if id(t) not in inside and t.is_floating_point())
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", 1)
+    hidden = getattr(config, "hidden_size", 0)
+    inter = getattr(config, "intermediate_size", 4 * hidden)
+    heads = getattr(config, "num_attention_heads", 1)
+    per_layer = batch * tokens * (16 * hidden + 4 * inter + 2 * heads * tokens)
+    logits = 3 * batch * tokens * config.vocab_size
+    return 8 * (dense + others + layers * per_layer + logits)
+
+
+def _available_bytes() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _run(model: torch.nn.Module, tokens: torch.Tensor, params: List[torch.Tensor],
+         own_loss: bool, seed: int) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]:
+    """(loss, per-token losses, gradients of params). own_loss: the model's loss (labels=),
+    else the mean of the per-token cross-entropy in the logits' dtype (fp64 for the reference,
+    which HF's loss would round to fp32)."""
+    device = tokens.device
+    devices = [device] if device.type == "cuda" else []
+    was_training = model.training
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            torch.manual_seed(seed)
+            out = model(input_ids=tokens, labels=tokens if own_loss else None)
+            logits = out.logits[:, :-1]
+            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            per_token = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).to(wide), tokens[:, 1:].reshape(-1),
+                reduction="none")
+            loss = out.loss if own_loss else per_token.mean()
+            if loss is None:
+                raise NotRun(f"{type(model).__name__} returned no loss for labels=")
+            grads = torch.autograd.grad(loss, params)
+    finally:
+        model.train(was_training)
+    return loss.detach(), per_token.detach(), [g.detach() for g in grads]
+
+
+def _index(flat: int, shape: torch.Size) -> Tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.Tensor,
+                  dtype: torch.dtype, where: str) -> api.Check:
+    """‖prod − ref‖ <= 2 · ‖base − ref‖ (Frobenius norms, docs/verification.md, "End to end")."""
+    path = f"{where}/{name}"
+    if prod.dtype != dtype or prod.shape != ref.shape:
+        return api.Check(path, "fail", f"{name}: prod is {prod.dtype} {tuple(prod.shape)}, "
+                         f"expected {dtype} {tuple(ref.shape)}", None, None, name)
+    p, b = prod.detach().cpu().double(), base.detach().cpu().double()
+    if not bool((ref != 0).any()):
+        raise NotRun(f"{name}: the exact gradient is all zero; no verdict is possible")
+    limit = 2 * float((b - ref).norm())
+    if not bool(torch.isfinite(p).all()):
+        bad = int((~torch.isfinite(p)).sum())
+        return api.Check(path, "fail", f"{name}: {bad} of {p.numel()} elements are not finite",
+                         math.inf, limit, name)
+    if not bool((p != 0).any()):
+        return api.Check(path, "fail", f"{name}: prod is all zero; the exact gradient is not "
+                         f"(max |ref| {float(ref.abs().max()):.4g})", float(ref.norm()),
+                         limit, name)
+    err = (p - ref).abs()
+    norm = float(err.norm())
+    if norm <= limit:
+        return api.Check(path, "pass", "", norm, limit, name)
+    at = _index(int(err.argmax()), ref.shape)
+    base_at = float((b - ref).abs().max())
+    cosine = float(torch.nn.functional.cosine_similarity(p.reshape(1, -1), ref.reshape(1, -1)))
+    message = (f"{name}: ||prod - ref|| {norm:.4g} > limit {limit:.4g} = 2 x ||base - ref|| "
+               f"(Frobenius norms over {p.numel()} elements; end to end, {dtype})\n"
+               f"    relative error prod {norm / float(ref.norm()):.3g}, base "
+               f"{limit / 2 / float(ref.norm()):.3g}; cosine {cosine:.6f}\n"
+               f"    largest |prod - ref| {float(err[at]):.4g} at {at} (base's largest "
+               f"{base_at:.4g}): prod {float(p[at]):.6g}, base {float(b[at]):.6g}, ref "
+               f"{float(ref[at]):.6g}")
+    return api.Check(path, "fail", message, norm, limit, name)
+
+
+def _judge_losses(runs: Dict[str, Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]],
+                  where: str) -> List[api.Check]:
+    """The per-token losses on their mean, as the training kind's are. The model's loss is
+    their mean, and |mean e| <= mean |e|: it gets the same base term, plus the floor of its own
+    reduction, which the per-token losses do not see: the mean of n losses summed in the loss's
+    dtype (fp32 in transformers) rounds each partial sum S_k = k · loss once, an error of
+    standard deviation u · |S_k| / sqrt(3) (u the unit roundoff); divided by n that is
+    σ = u · |loss| · sqrt(Σ k²/3) / n, and the floor is 6σ (docs/verification.md)."""
+    ref_loss, ref_tokens = runs["ref"][0], runs["ref"][1]
+    base_tokens = runs["base"][1].cpu().double()
+    prod_loss, prod_tokens = runs["prod"][0], runs["prod"][1].cpu().double()
+    base_term = 2 * float((base_tokens - ref_tokens).abs().mean())
+    n = ref_tokens.numel()
+    unit = torch.finfo(prod_loss.dtype).eps / 2
+    sigma = unit * abs(float(ref_loss)) * math.sqrt(n * (n + 1) * (2 * n + 1) / 18) / n
+    checks = []
+    for name, value, floor, what in (
+            ("per_token_loss", float((prod_tokens - ref_tokens).abs().mean()), 0.0,
+             "mean |prod - ref| over the tokens"),
+            ("loss", abs(float(prod_loss) - float(ref_loss)), 6 * sigma,
+             "|prod - ref| of the model's loss")):
+        limit = base_term + floor
+        ok = math.isfinite(value) and value <= limit
+        message = "" if ok else (
+            f"{name}: {what} {value:.4g} > limit {limit:.4g} = 2 x mean |base - ref| over the "
+            f"tokens {base_term:.4g}" + (f" + floor {floor:.4g} (its mean's rounding)"
+                                         if floor else "")
+            + f" (end to end); loss prod {float(prod_loss):.6g}, base "
+            f"{float(runs['base'][0]):.6g}, ref {float(ref_loss):.6g}")
+        checks.append(api.Check(f"{where}/{name}", "pass" if ok else "fail", message, value,
+                                limit, name))
+    return checks
+
+
+def _refusals(model: torch.nn.Module, loras: List[_Lora], adapter: str) -> None:
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "vocab_size", None) is None:
+        raise NotRun(f"{type(model).__name__} is not a causal LM (no config.vocab_size)")
+    if not loras:
+        raise NotRun("no LoRA linear over a GPTQ base")
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise NotRun("gradient checkpointing is on")
+    drops = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    if getattr(config, "attention_dropout", 0.0):
+        drops.append(f"attention_dropout {config.attention_dropout}")
+    if drops:
+        raise NotRun(f"dropout draws its own masks in each run ({', '.join(drops[:3])}"
+                     f"{', ...' if len(drops) > 3 else ''}): set it to 0 to compare end to end; "
+                     "the per-module checks draw the case's masks")
+    zero = [f"{lo.path}.lora_B.{adapter}.weight" for lo in loras
+            if not bool((lo.module.lora_B[adapter].weight != 0).any())]
+    if zero:
+        raise NotRun(f"{zero[0]}{' and others' if len(zero) > 1 else ''} is all zeros (peft's "
+                     "initialisation): every lora_A gradient is exactly zero; end to end needs "
+                     "trained adapters")
+    frozen = [f"{lo.path}.lora_{x}.{adapter}.weight" for lo in loras for x in "AB"
+              if not getattr(lo.module, f"lora_{x}")[adapter].weight.requires_grad]
+    if frozen:
+        raise NotRun(f"{frozen[0]} does not require grad")
+
+
+def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, seq: int,
+          seed: int, zero_format: Optional[str]) -> api.Case:
+    """The end-to-end case of the model; raises NotRun when it cannot be judged."""
+    _refusals(model, loras, adapter)
+    need, free = _fp64_bytes(model, loras, batch, seq + 1), _available_bytes()
+    if free is not None and need > free // 2:
+        raise NotRun(f"the fp64 model needs about {need / 2**30:.1f} GiB, and "
+                     f"{free / 2**30:.1f} GiB of host memory are available (at most half used)")
+    dtype = model.get_input_embeddings().weight.dtype
+    device = model.get_input_embeddings().weight.device
+    dtype_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+    if dtype_name is None:
+        raise NotRun(f"the model's embedding is {dtype}: expected fp32, fp16 or bf16")
+    tokens = torch.randint(0, model.config.vocab_size, (batch, seq + 1),
+                           generator=torch.Generator().manual_seed(seed))
+    dense = {lo.path: _dense_weight(lo, zero_format) for lo in loras}
+    names = [f"{lo.path}.lora_{x}.{adapter}.weight.grad" for lo in loras for x in "AB"]
+    prod_params = [getattr(lo.module, f"lora_{x}")[adapter].weight for lo in loras for x in "AB"]
+    runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True, seed=seed)}
+    base, plain = _plain_copy(model, loras, adapter, dense, None)
+    runs["base"] = _run(base, tokens.to(device), [t for lo in loras for t in
+                                                  (plain[lo.path].lora_a, plain[lo.path].lora_b)],
+                        own_loss=True, seed=seed)
+    del base, plain
+    ref, plain = _plain_copy(model, loras, adapter, dense, torch.float64)
+    runs["ref"] = _run(ref, tokens, [t for lo in loras for t in
+                                     (plain[lo.path].lora_a, plain[lo.path].lora_b)],
+                       own_loss=False, seed=seed)
+    del ref, plain
+    where = f"end_to_end.{dtype_name}.b{batch}s{seq}seed{seed}"
+    checks = _judge_losses(runs, where)
+    for i, (name, param) in enumerate(zip(names, prod_params)):
+        checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i],
+                                    runs["ref"][2][i], param.dtype, where))
+    replay = (f"gradscope.check_model(<{type(model).__name__}>, end_to_end=True, batch={batch}, "
+              f"seq={seq}, seed={seed})")
+    return api.Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
+                    checks, replay)
