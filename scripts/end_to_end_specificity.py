@@ -3,7 +3,8 @@
 The 4-layer Llama of tests/python/check_model_llama.py (small shape), held in fp16, over bases
 that use another GEMM layout (TransposedGemm: correct, rounding differently from the baseline on
 the CPU), seeds 1-8 (the model's initialisation and the token ids). Prints, per seed, the
-verdict and the largest err/limit of the gradient checks and of the per-token loss. Run: PYTHONPATH=build/python:tests/python python3 <this>.
+verdict and the largest err/limit of the gradient checks and of the per-token loss.
+Run: PYTHONPATH=build/python:tests/python python3 scripts/end_to_end_specificity.py
 """
 import torch
 import check_model_llama as t
