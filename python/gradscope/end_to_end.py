@@ -315,23 +315,33 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
     dense = {lo.path: _dense_weight(lo, zero_format) for lo in loras}
     names = [f"{lo.path}.lora_{x}.{adapter}.weight.grad" for lo in loras for x in "AB"]
     prod_params = [getattr(lo.module, f"lora_{x}")[adapter].weight for lo in loras for x in "AB"]
-    runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True, seed=seed)}
-    base, plain = _plain_copy(model, loras, adapter, dense, None)
-    runs["base"] = _run(base, tokens.to(device), [t for lo in loras for t in
-                                                  (plain[lo.path].lora_a, plain[lo.path].lora_b)],
-                        own_loss=True, seed=seed)
-    del base, plain
-    ref, plain = _plain_copy(model, loras, adapter, dense, torch.float64)
-    runs["ref"] = _run(ref, tokens, [t for lo in loras for t in
-                                     (plain[lo.path].lora_a, plain[lo.path].lora_b)],
-                       own_loss=False, seed=seed)
-    del ref, plain
     where = f"end_to_end.{dtype_name}.b{batch}s{seq}seed{seed}"
+    replay = (f"gradscope.check_model(<{type(model).__name__}>, end_to_end=True, batch={batch}, "
+              f"seq={seq}, seed={seed})")
+    try:
+        runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True, seed=seed)}
+    except (NotRun, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as e:  # the model's own forward or backward: a verdict on it
+        message = f"prod raised an error: {type(e).__name__}: {e}"
+        return api.Case(where, "model", "fail",
+                        [api.Check(f"{where}/error", "fail", message, None, None, "error")],
+                        replay)
+    for name, target in (("base", None), ("ref", torch.float64)):
+        copied, plain = _plain_copy(model, loras, adapter, dense, target)
+        params = [t for lo in loras for t in (plain[lo.path].lora_a, plain[lo.path].lora_b)]
+        try:
+            runs[name] = _run(copied, tokens.to(device) if target is None else tokens, params,
+                              own_loss=target is None, seed=seed)
+        except NotRun:
+            raise
+        except Exception as e:  # the model's class code, unpatched, in a plain copy
+            raise NotRun(f"the {name} copy (plain LoRA linears, class forwards) raised "
+                         f"{type(e).__name__}: {e}") from e
+        del copied, plain
     checks = _judge_losses(runs, where)
     for i, (name, param) in enumerate(zip(names, prod_params)):
         checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i],
                                     runs["ref"][2][i], param.dtype, where))
-    replay = (f"gradscope.check_model(<{type(model).__name__}>, end_to_end=True, batch={batch}, "
-              f"seq={seq}, seed={seed})")
     return api.Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
                     checks, replay)

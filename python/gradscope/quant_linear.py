@@ -39,6 +39,7 @@ class QuantLinear(torch.nn.Module):
                              f"32-bit words at {bits} bits")
         groups = in_features // group
         self.bits, self.group_size, self.desc_act = bits, group_size, desc_act
+        self.maxq = 2**bits - 1  # the largest code, as GPTQ QuantLinears name it
         self.zero_format = zero_format
         self.in_features = self.infeatures = in_features
         self.out_features = self.outfeatures = out_features

@@ -15,7 +15,7 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    the same model held in bf16 and in fp16 pass, as does an fp16 model whose bases round
    differently (another GEMM layout); a final norm patched to forget its weight (an
    instance-level forward, as model patchers install fused kernels) passes every module check
-   and fails end to end.
+   and fails end to end; an MLP whose backward raises fails by module and end to end.
 Prints each run's wall time.
 """
 import sys
@@ -114,6 +114,22 @@ def forgets_norm_weight(self, x):
     return (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
 
 
+class _RaisesInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        raise RuntimeError("shapes do not match (planted)")
+
+
+def backward_raises(self, x):
+    """An MLP patched with a fused op whose backward raises."""
+    h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+    return _RaisesInBackward.apply(self.down_proj(h))
+
+
 def main():
     dtypes = ["fp32", "bf16", "fp16"]
     model, last = build()
@@ -166,6 +182,16 @@ def main():
     failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
     assert {"loss", "per_token_loss"} <= failing and len(failing) > 2, failing
     print(report.divergence_lines()[0])
+    # A patched forward whose backward raises: a failing check, end to end as in the module.
+    model, last = build()
+    mlp = model.model.layers[0].mlp
+    mlp.forward = types.MethodType(backward_raises, mlp)
+    report = timed(f"check_model, {SHAPE}, an MLP whose backward raises",
+                   lambda: gradscope.check_model(model, dtypes=["fp32"], raise_on_failure=False))
+    assert [m.path for m in report.modules if not m.passed] == ["model.layers.0.mlp",
+                                                                "end_to_end"], report.table()
+    [check] = end_to_end(report).cases[0].checks
+    assert check.name == "error" and "shapes do not match" in check.message, check.message
     print(f"check_model on a {SHAPE} Llama ({DEVICE}): passes in fp32, bf16 and fp16, module by "
           f"module and end to end; the planted lora_B backward bug is the first divergence at "
           f"{where}; a final norm without its weight fails end to end only")
