@@ -76,9 +76,20 @@ def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[d
         "bias": getattr(base, "bias", None) is not None,
         "adapter_dtype": _DTYPE_NAMES.get(lora_a[adapter].weight.dtype),
         "scales_dtype": _DTYPE_NAMES.get(base.scales.dtype),
-        "zero_format": getattr(base, "zero_format", None),
+        "zero_format": _zero_format(base),
         "device": base.qweight.device,
     }
+
+
+def _zero_format(base: torch.nn.Module) -> Optional[str]:
+    """How the base's qzeros store zero points: a `zero_format` attribute (gradscope's
+    QuantLinear), GPTQModel's `qzero_format()` (1 or 2, which its QuantLinears change on
+    train()), or None: the caller says."""
+    named = getattr(base, "zero_format", None)
+    if named is not None:
+        return named
+    numbered = getattr(base, "qzero_format", None)
+    return {1: "gptq", 2: "gptq_v2"}.get(numbered()) if callable(numbered) else None
 
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -482,6 +493,34 @@ def check_module(
     module or feature gradscope does not model.
     """
     __tracebackhide__ = True
+    was_training = module.training
+    # In training mode before it is read: dropout draws as in training, and GPTQModel's
+    # QuantLinears switch their zero points to the v2 words their training kernel reads.
+    module.train()
+    try:
+        return _check_module(module, kind=kind, adapter=adapter, dtypes=dtypes, batch=batch,
+                             seq=seq, seed=seed, zero_format=zero_format, weights=weights,
+                             inputs=inputs, dump=dump, raise_on_failure=raise_on_failure)
+    finally:
+        module.train(was_training)
+
+
+def _check_module(
+    module: torch.nn.Module,
+    *,
+    kind: Optional[str] = None,
+    adapter: str = "default",
+    dtypes: Union[str, Sequence[str]] = ("fp32", "fp16", "bf16"),
+    batch: int = 2,
+    seq: int = 17,
+    seed: int = 1,
+    zero_format: Optional[str] = None,
+    weights: str = "case",
+    inputs: Optional[Dict[str, torch.Tensor]] = None,
+    dump: Optional[str] = None,
+    raise_on_failure: bool = True,
+) -> List[api.Case]:
+    __tracebackhide__ = True
     kind, projections = _projections(module, kind, adapter)
     x = (inputs or {}).get("x")
     if x is not None and x.dim() == 3:  # the case's tokens are the given activation's
@@ -504,11 +543,9 @@ def check_module(
         raise api.GradscopeInputError(f"weights={weights!r}: expected 'case' or 'module'")
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
     ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
-    was_training = module.training
     library = None
     try:
         library = _register(ns, kind, module, projections, adapter, layer)
-        module.train()  # dropout and anything else a training step does
         with tempfile.TemporaryDirectory(prefix="gradscope-module-") as scratch:
             tensors_file = ""
             given: Dict[str, torch.Tensor] = {}
@@ -541,7 +578,6 @@ def check_module(
             cases = api.check(case_file, impl=ns, raise_on_failure=False,
                               extra_args=["--dump", dump] if dump else [])
     finally:
-        module.train(was_training)
         if library is not None:
             library._destroy()
     for case in cases:

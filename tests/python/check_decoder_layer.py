@@ -130,14 +130,15 @@ def main():
     assert captured["model.layers.1"]["dy"].shape == (2, 9, 128)
     report = gradscope.check_model(own_weights(tiny_llama()), by="layer", inputs="model", seq=9,
                                    batch=2, dtypes=["fp32", "bf16"])
-    assert [m.passed for m in report.modules] == [True, True], report.table()
+    assert [m.passed for m in report.modules] == [True, True, True], report.table()
+    assert report.modules[-1].path == "end_to_end", report.table()
     assert ".tensors." in report.modules[0].cases[0].id, report.modules[0].cases[0].id
     report = gradscope.check_model(own_weights(tiny_llama_down_proj_bug()), inputs="model",
                                    raise_on_failure=False)
-    assert [m.passed for m in report.modules] == [True] * 5 + [False], report.table()
+    assert [m.passed for m in report.modules] == [True] * 5 + [False] * 2, report.table()
     report = gradscope.check_model(own_weights(tiny_llama_down_proj_bug()), by="layer",
                                    inputs="model", raise_on_failure=False)
-    assert [m.passed for m in report.modules] == [True, False], report.table()
+    assert [m.passed for m in report.modules] == [True, False, False], report.table()
     print(report.table())
 
     # 5. Refusals.
