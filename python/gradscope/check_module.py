@@ -793,7 +793,7 @@ def check_model(
     each module's input and output gradients, and each module is then checked on those and on
     its own weights (weights="module"), so a module is judged where the model puts it without a
     bug upstream reaching it. `dump_dir`: an existing folder that gets one HDF5 dump per module,
-    <module path>.h5.
+    <module path>.h5, and end_to_end.h5.
     `end_to_end`: also judge the model's loss and every LoRA gradient end to end against the
     same model in fp64 on the CPU, with a plain baseline (gradscope/end_to_end.py; seeded
     token ids as for inputs="model"): "auto" where the model allows it (a causal LM, no
@@ -835,7 +835,8 @@ def check_model(
         loras = [e2e._Lora(path, m, _lora_linear(m, path, adapter))
                  for path, m in model.named_modules() if _is_lora(m)]
         try:
-            case = e2e.judge(model, loras, adapter, batch, seq, seed, zero_format)
+            case = e2e.judge(model, loras, adapter, batch, seq, seed, zero_format,
+                             os.path.join(dump_dir, "end_to_end.h5") if dump_dir else None)
             report.modules.append(ModuleResult("end_to_end", "model", [case]))
         except e2e.NotRun as e:
             if end_to_end is True:

@@ -18,7 +18,11 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    and fails end to end; an MLP whose backward raises fails by module and end to end.
 Prints each run's wall time.
 """
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -28,6 +32,11 @@ from peft.tuners.lora.gptq import GPTQLoraLinear
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import gradscope
+
+try:  # in CTest's environment; a GPU machine may lack it (the dump is then not written)
+    import h5py
+except ImportError:
+    h5py = None
 
 DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
 SHAPE = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "small"
@@ -154,8 +163,10 @@ def main():
     print(f"  end to end: worst err/limit {end_to_end(report).worst()[0]:.3g}")
 
     model, last = build(bug=True)
+    dumps = tempfile.mkdtemp(prefix="gradscope-dumps-") if h5py else None
     report = timed(f"check_model, {SHAPE}, o_proj of layer {last} with the bug, 3 dtypes",
-                   lambda: gradscope.check_model(model, dtypes=dtypes, raise_on_failure=False))
+                   lambda: gradscope.check_model(model, dtypes=dtypes, dump_dir=dumps,
+                                                 raise_on_failure=False))
     first = report.first_failure
     where = f"model.layers.{last}.self_attn.o_proj"
     assert first is not None and first.path == where, report.table()
@@ -169,6 +180,17 @@ def main():
     assert lines[0].startswith(f"first divergence: {where} (lora_w)"), lines
     assert any(line.startswith(f"  {where}.lora_B.default.weight.grad: ") for line in lines)
     print("\n".join(lines[:2]))
+    if dumps:  # the end-to-end dump beside the modules' (docs/reports.md): gradscope show reads it
+        case = end_to_end(report).cases[0]
+        with h5py.File(os.path.join(dumps, "end_to_end.h5"), "r") as f:
+            check = f[f"{case.id}/{where}.lora_B.default.weight.grad"]
+            assert check.attrs["status"] == "fail" and check["ref"].attrs["dtype"] == "fp64"
+            assert f[f"{case.id}/loss/prod"].shape == (1,), f[f"{case.id}/loss/prod"].shape
+        out = subprocess.run([sys.executable, "-m", "gradscope", "show",
+                              os.path.join(dumps, "end_to_end.h5")], capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and "status=fail" in out.stdout, out.stdout + out.stderr
+        shutil.rmtree(dumps)
 
     # Outside every LoRA module: a final norm that forgets its weight passes every module check
     # and fails end to end, its loss and the gradients upstream of it.
