@@ -384,6 +384,18 @@ def _layer_call(layer: torch.nn.Module, config: _LayerConfig, x: torch.Tensor,
     return out[0] if isinstance(out, tuple) else out
 
 
+class _CallsInOrder(torch.nn.Module):
+    """Calls the named children of `parent` on one input, in order, and returns their outputs."""
+
+    def __init__(self, parent: torch.nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.parent = parent
+        self.names = tuple(names)
+
+    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return [getattr(self.parent, name)(x) for name in self.names]
+
+
 def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str, dict],
               adapter: str, layer: Optional[_LayerConfig] = None):
     library = torch.library.Library(ns, "DEF")
@@ -402,8 +414,17 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
 
     def lora_qkv(x, q, k, v, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
                  dropout_p=0.0):
-        return [linear(n, x, t, dropout_mask, dropout_p)
-                for n, t in (("q_proj", q), ("k_proj", k), ("v_proj", v))]
+        # All three projections' tensors in place for all three calls: a fused q/k/v (as
+        # fms-acceleration installs one) computes every output at the first call.
+        tensors = {}
+        for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            tensors.update(_tensors(projections[name], t, adapter, f"parent.{name}."))
+        with contextlib.ExitStack() as stack:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                stack.enter_context(_case_dropout(projections[name], adapter, dropout_mask,
+                                                  dropout_p))
+            return torch.func.functional_call(_CallsInOrder(module, ("q_proj", "k_proj",
+                                                                     "v_proj")), tensors, (x,))
 
     def lora_mlp(x, gate, up, down, bits, zero_format, lora_alpha, use_rslora, dropout_x=None,
                  dropout_h=None, dropout_p=0.0):

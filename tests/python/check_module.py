@@ -4,7 +4,8 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
 1. peft's GPTQLoraLinear over a GPTQ QuantLinear passes in every dtype, with dropout and bias;
    its checks are named by the module's own parameter paths.
 2. transformers' LlamaMLP with LoRA on gate/up/down runs its own forward and passes (kind mlp);
-   the q/k/v projections of a LlamaAttention with grouped-query heads pass (kind qkv).
+   the q/k/v projections of a LlamaAttention with grouped-query heads pass (kind qkv), also
+   fused as fms-acceleration fuses them (all three computed at the first call).
 3. Bugs planted in the module are caught, each named by the module's path: a QuantLinear that
    reads v1 zero points as v2, a LoRA layer that leaves out its scaling in backward only.
 4. What the reference does not model is refused by name: a GELU MLP, a plain nn.Linear, a
@@ -24,8 +25,10 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
    group that does not exist, a file that is not there, a NaN, a value beyond fp16, a given x
    with a profile field that would shape a draw.
 """
+import functools
 import os
 import tempfile
+import types
 import warnings
 
 import h5py
@@ -85,6 +88,24 @@ class CachesItsWeight(gradscope.QuantLinear):
                 torch.float32)
         y = x @ self._cached.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def fuse_qkv(attention):
+    """Patches q/k/v as fms-acceleration does (instance-level forwards): the first call
+    computes all three outputs from the three projections as they are then, the next two hand
+    theirs out. Correct, and wrong if a check swapped in only the called projection's tensors."""
+    outs = {}
+
+    def forward(self, x, name):
+        if not outs:
+            outs.update({n: GPTQLoraLinear.forward(getattr(attention, n), x)
+                         for n in ("q_proj", "k_proj", "v_proj")})
+        return outs.pop(name)
+
+    for name in ("q_proj", "k_proj", "v_proj"):
+        proj = getattr(attention, name)
+        proj.forward = types.MethodType(functools.partial(forward, name=name), proj)
+    return attention
 
 
 def filled(base, seed):
@@ -160,6 +181,8 @@ def main():
     cases = gradscope.check_module(attention, kind="qkv", dtypes="fp16")
     assert cases[0].passed and "k_proj.lora_A.default.weight.grad" in {
         k.name for k in cases[0].checks}, cases
+    cases = gradscope.check_module(fuse_qkv(attention), kind="qkv", dtypes=["fp32", "fp16"])
+    assert all(c.passed for c in cases), cases
 
     # 3. Planted bugs, named by the module's paths.
     expect_failure(lora(quant(256, 96, cls=ReadsV1AsV2)), ["output", "input.grad"])
