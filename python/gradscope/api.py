@@ -25,6 +25,9 @@ class Check:
     max_abs: Optional[float]  # worst |prod - ref|
     limit: Optional[float]  # what the rule allowed there
     name: str = ""  # check_module: the module's own path of the tensor (lora_A.default.weight.grad)
+    # What max_abs measures: the largest |prod - ref|, or end to end (check_model) "frobenius"
+    # (||prod - ref||), "mean_abs" (per-token losses) or "abs" (the model's loss).
+    statistic: str = "max_abs"
 
     @property
     def passed(self) -> bool:

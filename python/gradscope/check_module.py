@@ -45,6 +45,18 @@ def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[d
     if adapter not in lora_a:
         raise ModuleRefused(f"{path or 'module'}: no LoRA adapter named {adapter!r} "
                             f"(it has {sorted(lora_a.keys())})")
+    where = path or "module"
+    if adapter in getattr(module, "lora_magnitude_vector", {}) or getattr(
+            module, "use_dora", {}).get(adapter, False):
+        raise ModuleRefused(f"{where}: adapter {adapter!r} is DoRA (a magnitude vector): "
+                            "gradscope's LoRA is B A x · scaling (docs/lora-math.md)")
+    active = getattr(module, "active_adapters", [adapter])
+    if list(active) != [adapter] or getattr(module, "disable_adapters", False) or getattr(
+            module, "merged", False):
+        raise ModuleRefused(f"{where}: the module's forward does not run adapter {adapter!r} "
+                            f"alone (active: {list(active)}, disabled: "
+                            f"{bool(getattr(module, 'disable_adapters', False))}, merged: "
+                            f"{bool(getattr(module, 'merged', False))})")
     missing = [b for b in _BASE_BUFFERS if getattr(base, b, None) is None]
     if missing:
         raise ModuleRefused(f"{path or 'module'}.base_layer ({type(base).__name__}): not a GPTQ "
@@ -76,20 +88,9 @@ def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[d
         "bias": getattr(base, "bias", None) is not None,
         "adapter_dtype": _DTYPE_NAMES.get(lora_a[adapter].weight.dtype),
         "scales_dtype": _DTYPE_NAMES.get(base.scales.dtype),
-        "zero_format": _zero_format(base),
+        "zero_format": e2e.zero_format_of(base),
         "device": base.qweight.device,
     }
-
-
-def _zero_format(base: torch.nn.Module) -> Optional[str]:
-    """How the base's qzeros store zero points: a `zero_format` attribute (gradscope's
-    QuantLinear), GPTQModel's `qzero_format()` (1 or 2, which its QuantLinears change on
-    train()), or None: the caller says."""
-    named = getattr(base, "zero_format", None)
-    if named is not None:
-        return named
-    numbered = getattr(base, "qzero_format", None)
-    return {1: "gptq", 2: "gptq_v2"}.get(numbered()) if callable(numbered) else None
 
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -815,11 +816,12 @@ def check_model(
     its own weights (weights="module"), so a module is judged where the model puts it without a
     bug upstream reaching it. `dump_dir`: an existing folder that gets one HDF5 dump per module,
     <module path>.h5, and end_to_end.h5.
-    `end_to_end`: also judge the model's loss and every LoRA gradient end to end against the
-    same model in fp64 on the CPU, with a plain baseline (gradscope/end_to_end.py; seeded
-    token ids as for inputs="model"): "auto" where the model allows it (a causal LM, no
-    dropout, trained lora_B, the fp64 copy within half the available memory) and a note why
-    not otherwise, True to require it (ModuleRefused if it cannot), False to skip it.
+    `end_to_end`: also judge the model as it is (its own dtype and device) end to end, its
+    loss and every LoRA gradient against the same model in fp64 on the CPU, with a plain
+    baseline (gradscope/end_to_end.py; seeded token ids, at least 256): "auto" where the model
+    allows it (a causal LM, no dropout, trained lora_B, copies within half the free memory, ...)
+    and a note why not otherwise, True to require it (ModuleRefused if it cannot), False to
+    skip it.
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
@@ -834,9 +836,15 @@ def check_model(
         raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
     if dump_dir is not None and not os.path.isdir(dump_dir):
         raise api.GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
-    if end_to_end not in ("auto", True, False):
+    if not (isinstance(end_to_end, bool) or end_to_end == "auto"):
         raise api.GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
                                       "False")
+    if dump_dir is not None and end_to_end is not False:
+        try:
+            import h5py  # noqa: F401  (the end-to-end dump's writer: refused now, not after)
+        except ImportError:
+            raise api.GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: "
+                                          "pip install h5py, or pass end_to_end=False") from None
     modules = {path: module for path, module in model.named_modules()}
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
                 else {})

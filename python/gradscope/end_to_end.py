@@ -2,10 +2,10 @@
 
 Three runs of the same model on the same seeded token ids, to the mean next-token loss:
 - prod: the model as the user has it (its dtype, device, patches and loss function);
-- base: a copy in the model's dtype and on its device in which every LoRA linear over a GPTQ
-  base is a plain one (the exactly dequantized weight rounded once to the activation dtype,
-  x Wᵀ, and peft's adapter path in the adapters' dtype) and every instance-level forward
-  override (how model patchers install fused kernels) is reset to its class's forward;
+- base: a copy in the model's dtype and on its device in which every GPTQ linear is a plain one
+  (the exactly dequantized weight rounded once to the activation dtype, x Wᵀ, and for a LoRA
+  linear peft's adapter path in the adapters' dtype) and every instance-level forward override
+  (how model patchers install fused kernels) is reset to its class's forward;
 - ref: the same plain copy in fp64 on the CPU, adapters and weights converted exactly.
 Each LoRA gradient passes when its error's Frobenius norm is at most twice the baseline's, the
 per-token losses when their mean error is at most twice the baseline's (as the training kind's
@@ -28,7 +28,9 @@ import torch
 
 from . import api
 
-_MODES = ("auto", True, False)
+# End to end runs at least this many tokens: its statistics are means over them.
+MIN_TOKENS = 256
+_GPTQ_BUFFERS = ("qweight", "qzeros", "scales", "g_idx")
 
 
 class NotRun(Exception):
@@ -42,41 +44,68 @@ class _Lora:
     info: dict  # check_module._lora_linear's reading of it
 
 
-class _PlainLoraLinear(torch.nn.Module):
-    """y = (x Wᵀ + b) + B(A(x)) · scaling, summed in the wider dtype and rounded to x's: peft's
-    LoRA linear over a plain QuantLinear (x @ Wᵀ with Wᵀ dequantized [in, out], as GPTQ
-    QuantLinears hold it), without dropout (end to end runs none)."""
+class _PlainQuantLinear(torch.nn.Module):
+    """x @ Wᵀ (+ bias) in x's dtype, Wᵀ [in, out] as GPTQ QuantLinears hold it: a plain
+    QuantLinear over the exactly dequantized weight."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
-                 lora_b: torch.Tensor, scaling: float) -> None:
+    def __init__(self, weight_t: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         super().__init__()
-        self.register_buffer("weight_t", weight)  # [in, out]
+        self.register_buffer("weight_t", weight_t)
         self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight_t.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+class _PlainLoraLinear(_PlainQuantLinear):
+    """y = (x Wᵀ + b) + B(A(x)) · scaling, summed in the wider dtype and rounded to x's: peft's
+    LoRA linear over a plain QuantLinear, without dropout (end to end runs none)."""
+
+    def __init__(self, weight_t: torch.Tensor, bias: Optional[torch.Tensor],
+                 lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> None:
+        super().__init__(weight_t, bias)
         self.lora_a = torch.nn.Parameter(lora_a)
         self.lora_b = torch.nn.Parameter(lora_b)
         self.scaling = scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        y = x @ self.weight_t.to(x.dtype)
-        y = y if bias is None else y + bias
+        y = super().forward(x)
         h = torch.nn.functional.linear(x.to(self.lora_a.dtype), self.lora_a)
         h = torch.nn.functional.linear(h, self.lora_b) * self.scaling
         return (y + h).to(x.dtype)
 
 
-def _dense_weight(lora: _Lora, zero_format: Optional[str]) -> torch.Tensor:
+def zero_format_of(base: torch.nn.Module) -> Optional[str]:
+    """How a GPTQ base's qzeros store zero points: a `zero_format` attribute (gradscope's
+    QuantLinear), GPTQModel's `qzero_format()` (1 or 2, which its QuantLinears change on
+    train()), or None: the caller says."""
+    named = getattr(base, "zero_format", None)
+    if named is not None:
+        return named
+    numbered = getattr(base, "qzero_format", None)
+    return {1: "gptq", 2: "gptq_v2"}.get(numbered()) if callable(numbered) else None
+
+
+def _is_gptq(module: torch.nn.Module) -> bool:
+    return all(getattr(module, b, None) is not None for b in _GPTQ_BUFFERS) and hasattr(
+        module, "bits")
+
+
+def _dense_weight(path: str, base: torch.nn.Module, zero_format: Optional[str]) -> torch.Tensor:
     """The base's weight, transposed ([in, out]), in fp64 on the CPU, exact: dequantize computes
     scale · (code − zero) in fp32, and an fp16/bf16 scale times an integer of at most 9 bits
     fits fp32's 24-bit significand (docs/gptq-format.md)."""
-    base = lora.module.base_layer
-    fmt = lora.info["zero_format"] or zero_format
+    fmt = zero_format_of(base) or zero_format
     if fmt is None:
-        raise NotRun(f"{lora.path}.base_layer does not say how its qzeros store zero points: "
-                     "pass zero_format='gptq' (v1) or 'gptq_v2'")
-    w = torch.ops.gradscope.dequantize(base.qweight.cpu(), base.qzeros.cpu(), base.scales.cpu(),
-                                       base.g_idx.cpu().to(torch.int32), int(base.bits), fmt,
-                                       torch.float32)
+        raise NotRun(f"{path} does not say how its qzeros store zero points: pass "
+                     "zero_format='gptq' (v1) or 'gptq_v2'")
+    try:
+        w = torch.ops.gradscope.dequantize(base.qweight.cpu(), base.qzeros.cpu(),
+                                           base.scales.cpu(), base.g_idx.cpu().to(torch.int32),
+                                           int(base.bits), fmt, torch.float32)
+    except RuntimeError as e:
+        raise NotRun(f"{path}: its packed weight cannot be dequantized: {e}") from None
     return w.double()
 
 
@@ -87,41 +116,57 @@ def _scaling(info: dict) -> float:
     return info["alpha"] / root
 
 
-def _plain_copy(model: torch.nn.Module, loras: List[_Lora], adapter: str,
+def _plain_copy(model: torch.nn.Module, loras: List[_Lora],
+                quantized: Dict[str, torch.nn.Module], adapter: str,
                 dense: Dict[str, torch.Tensor], dtype: Optional[torch.dtype]
                 ) -> Tuple[torch.nn.Module, Dict[str, _PlainLoraLinear]]:
-    """The model with plain LoRA linears and class forwards. dtype None: the model's dtypes,
-    device and (shared, unchanged) tensors; torch.float64: everything floating in fp64 on the
-    CPU. The model itself is not modified."""
+    """The model with plain GPTQ linears (LoRA or not) and class forwards. dtype None: the
+    model's dtypes and device, its floating tensors shared (read, never written) and the rest
+    cloned; torch.float64: everything floating in fp64 on the CPU. The model itself is not
+    modified."""
     memo: Dict[int, object] = {}
     plain: Dict[str, _PlainLoraLinear] = {}
     inside = set()
+    act = model.get_input_embeddings().weight.dtype
+
+    def weight_and_bias(path: str, base: torch.nn.Module, device: torch.device):
+        bias = getattr(base, "bias", None)
+        if dtype is None:
+            return (dense[path].to(device, act),
+                    None if bias is None else bias.detach().clone())
+        return dense[path], None if bias is None else bias.detach().cpu().to(dtype)
+
     for lo in loras:
         m = lo.module
         a, b = m.lora_A[adapter].weight.detach(), m.lora_B[adapter].weight.detach()
-        bias = m.base_layer.bias
+        w, bias = weight_and_bias(lo.path, m.base_layer, a.device)
         if dtype is None:
-            device = a.device
-            act = model.get_input_embeddings().weight.dtype
-            p = _PlainLoraLinear(dense[lo.path].to(device, act),
-                                 None if bias is None else bias.detach().clone(),
-                                 a.clone(), b.clone(), _scaling(lo.info))
+            p = _PlainLoraLinear(w, bias, a.clone(), b.clone(), _scaling(lo.info))
         else:
-            p = _PlainLoraLinear(dense[lo.path], None if bias is None else bias.detach().cpu().to(
-                dtype), a.cpu().to(dtype), b.cpu().to(dtype), _scaling(lo.info))
+            p = _PlainLoraLinear(w, bias, a.cpu().to(dtype), b.cpu().to(dtype),
+                                 _scaling(lo.info))
         memo[id(m)] = plain[lo.path] = p
+        inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
+    for path, m in quantized.items():
+        memo[id(m)] = _PlainQuantLinear(*weight_and_bias(path, m, m.qweight.device))
         inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) in inside or id(t) in memo:
             continue
         if dtype is None:
-            memo[id(t)] = t  # shared: base reads the model's own tensors and changes none
+            # Shared where floating (base reads them); anything else cloned, so that no module's
+            # own bookkeeping in the copy writes to the model's tensors.
+            memo[id(t)] = t if t.is_floating_point() else t.detach().clone()
         else:
             converted = t.detach().cpu()
             converted = converted.to(dtype) if converted.is_floating_point() else converted.clone()
             memo[id(t)] = (torch.nn.Parameter(converted, requires_grad=False)
                            if isinstance(t, torch.nn.Parameter) else converted)
-    copied = copy.deepcopy(model, memo)
+    try:
+        copied = copy.deepcopy(model, memo)
+    except Exception as e:  # a module that cannot be copied (a non-leaf tensor attribute, ...)
+        raise NotRun(f"the model cannot be copied for the baseline and the reference: "
+                     f"{type(e).__name__}: {e}") from None
     for module in copied.modules():
         # A patcher's fused kernel installed as module.forward = ...: the copy runs the class's.
         module.__dict__.pop("forward", None)
@@ -132,26 +177,41 @@ def _plain_copy(model: torch.nn.Module, loras: List[_Lora], adapter: str,
     return copied, plain
 
 
-def _fp64_bytes(model: torch.nn.Module, loras: List[_Lora], batch: int, tokens: int) -> int:
-    """A generous estimate of the fp64 copy: its tensors, the dense weights, and what a forward
-    keeps for the backward (about 16 hidden-sized and 4 MLP-sized activations per layer, the
-    attention scores, the logits three times)."""
-    inside = set()
-    dense = 0
-    for lo in loras:
-        inside.update(id(t) for t in list(lo.module.parameters()) + list(lo.module.buffers()))
-        dense += lo.info["in"] * lo.info["out"] + lo.info["rank"] * (lo.info["in"] +
-                                                                     lo.info["out"])
-    others = sum(t.numel() for t in list(model.parameters()) + list(model.buffers())
-                 if id(t) not in inside and t.is_floating_point())
+def _check_memory(model: torch.nn.Module, dense: Dict[str, torch.Tensor], rows: int,
+                  tokens: int, device: torch.device, act: torch.dtype) -> None:
+    """Refuses (NotRun) where the copies would need more than half of what is free: on the
+    host the fp64 copy (its tensors, the dense weights, and what a forward keeps for the
+    backward: about 16 hidden-sized and 4 MLP-sized activations per layer, the attention
+    scores, the logits three times), on the model's device base's dense weights and the same
+    activations in the model's dtype (on the host too where the model is there)."""
     config = model.config
-    layers = getattr(config, "num_hidden_layers", 1)
-    hidden = getattr(config, "hidden_size", 0)
-    inter = getattr(config, "intermediate_size", 4 * hidden)
-    heads = getattr(config, "num_attention_heads", 1)
-    per_layer = batch * tokens * (16 * hidden + 4 * inter + 2 * heads * tokens)
-    logits = 3 * batch * tokens * config.vocab_size
-    return 8 * (dense + others + layers * per_layer + logits)
+    shape = [getattr(config, f, None) for f in ("num_hidden_layers", "hidden_size",
+                                                "num_attention_heads")]
+    if None in shape:
+        raise NotRun(f"{type(config).__name__} has no num_hidden_layers, hidden_size or "
+                     "num_attention_heads: the copies' memory cannot be estimated")
+    layers, hidden, heads = shape
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    weights = sum(w.numel() for w in dense.values())
+    others = sum(t.numel() for t in list(model.parameters()) + list(model.buffers())
+                 if t.is_floating_point())
+    activations = (layers * rows * tokens * (16 * hidden + 4 * inter + 2 * heads * tokens)
+                   + 3 * rows * tokens * config.vocab_size)
+    host = 8 * (weights + others + activations)
+    size = torch.finfo(act).bits // 8
+    on_device = size * (weights + activations)
+    if device.type == "cpu":
+        host += on_device
+    free = _available_bytes()
+    if free is not None and host > free // 2:
+        raise NotRun(f"the fp64 model needs about {host / 2**30:.1f} GiB, and "
+                     f"{free / 2**30:.1f} GiB of host memory are available (at most half used)")
+    if device.type == "cuda":
+        free_device = torch.cuda.mem_get_info(device)[0]
+        if on_device > free_device // 2:
+            raise NotRun(f"the baseline's dense weights and activations need about "
+                         f"{on_device / 2**30:.1f} GiB on {device}, {free_device / 2**30:.1f} GiB "
+                         "are free (at most half used)")
 
 
 def _available_bytes() -> Optional[int]:
@@ -166,10 +226,12 @@ def _available_bytes() -> Optional[int]:
 
 
 def _run(model: torch.nn.Module, tokens: torch.Tensor, params: List[torch.Tensor],
-         own_loss: bool, seed: int) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]:
-    """(loss, per-token losses, gradients of params). own_loss: the model's loss (labels=),
-    else the mean of the per-token cross-entropy in the logits' dtype (fp64 for the reference,
-    which HF's loss would round to fp32)."""
+         own_loss: bool, seed: int
+         ) -> Tuple[torch.Tensor, torch.Tensor, List[Optional[torch.Tensor]], Optional[float]]:
+    """(loss, per-token losses, gradients of params (None where none reaches it), the model's
+    own loss). own_loss: the gradients are the model's loss's (labels=), else the mean
+    per-token cross-entropy's in the logits' dtype (fp64 for the reference, which
+    transformers' loss would round to fp32)."""
     device = tokens.device
     devices = [device] if device.type == "cuda" else []
     was_training = model.training
@@ -177,19 +239,23 @@ def _run(model: torch.nn.Module, tokens: torch.Tensor, params: List[torch.Tensor
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             torch.manual_seed(seed)
-            out = model(input_ids=tokens, labels=tokens if own_loss else None)
+            out = model(input_ids=tokens, labels=tokens)
+            if isinstance(out, tuple) or getattr(out, "logits", None) is None:
+                raise NotRun(f"{type(model).__name__} returned no logits for input_ids= and "
+                             "labels= (end to end compares them)")
+            if getattr(out, "loss", None) is None:
+                raise NotRun(f"{type(model).__name__} returned no loss for labels=")
             logits = out.logits[:, :-1]
             wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
             per_token = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).to(wide), tokens[:, 1:].reshape(-1),
                 reduction="none")
             loss = out.loss if own_loss else per_token.mean()
-            if loss is None:
-                raise NotRun(f"{type(model).__name__} returned no loss for labels=")
-            grads = torch.autograd.grad(loss, params)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
     finally:
         model.train(was_training)
-    return loss.detach(), per_token.detach(), [g.detach() for g in grads]
+    return (loss.detach(), per_token.detach(),
+            [None if g is None else g.detach() for g in grads], float(out.loss.detach()))
 
 
 def _index(flat: int, shape: torch.Size) -> Tuple[int, ...]:
@@ -204,9 +270,13 @@ def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.
                   dtype: torch.dtype, where: str) -> api.Check:
     """‖prod − ref‖ <= 2 · ‖base − ref‖ (Frobenius norms, docs/verification.md, "End to end")."""
     path = f"{where}/{name}"
+    if prod is None:
+        return api.Check(path, "fail", f"{name}: no gradient reaches it in prod; the exact "
+                         f"gradient is not zero (max |ref| {float(ref.abs().max()):.4g})", None,
+                         None, name, "frobenius")
     if prod.dtype != dtype or prod.shape != ref.shape:
         return api.Check(path, "fail", f"{name}: prod is {prod.dtype} {tuple(prod.shape)}, "
-                         f"expected {dtype} {tuple(ref.shape)}", None, None, name)
+                         f"expected {dtype} {tuple(ref.shape)}", None, None, name, "frobenius")
     p, b = prod.detach().cpu().double(), base.detach().cpu().double()
     if not bool((ref != 0).any()):
         raise NotRun(f"{name}: the exact gradient is all zero; no verdict is possible")
@@ -214,15 +284,15 @@ def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.
     if not bool(torch.isfinite(p).all()):
         bad = int((~torch.isfinite(p)).sum())
         return api.Check(path, "fail", f"{name}: {bad} of {p.numel()} elements are not finite",
-                         math.inf, limit, name)
+                         math.inf, limit, name, "frobenius")
     if not bool((p != 0).any()):
         return api.Check(path, "fail", f"{name}: prod is all zero; the exact gradient is not "
                          f"(max |ref| {float(ref.abs().max()):.4g})", float(ref.norm()),
-                         limit, name)
+                         limit, name, "frobenius")
     err = (p - ref).abs()
     norm = float(err.norm())
     if norm <= limit:
-        return api.Check(path, "pass", "", norm, limit, name)
+        return api.Check(path, "pass", "", norm, limit, name, "frobenius")
     at = _index(int(err.argmax()), ref.shape)
     base_at = float((b - ref).abs().max())
     cosine = float(torch.nn.functional.cosine_similarity(p.reshape(1, -1), ref.reshape(1, -1)))
@@ -233,11 +303,10 @@ def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.
                f"    largest |prod - ref| {float(err[at]):.4g} at {at} (base's largest "
                f"{base_at:.4g}): prod {float(p[at]):.6g}, base {float(b[at]):.6g}, ref "
                f"{float(ref[at]):.6g}")
-    return api.Check(path, "fail", message, norm, limit, name)
+    return api.Check(path, "fail", message, norm, limit, name, "frobenius")
 
 
-def _judge_losses(runs: Dict[str, Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]],
-                  where: str) -> List[api.Check]:
+def _judge_losses(runs: Dict[str, tuple], where: str) -> List[api.Check]:
     """The per-token losses on their mean, as the training kind's are. The model's loss is
     their mean, and |mean e| <= mean |e|: it gets the same base term, plus the floor of its own
     reduction, which the per-token losses do not see: the mean of n losses summed in the loss's
@@ -266,7 +335,7 @@ def _judge_losses(runs: Dict[str, Tuple[torch.Tensor, torch.Tensor, List[torch.T
             + f" (end to end); loss prod {float(prod_loss):.6g}, base "
             f"{float(runs['base'][0]):.6g}, ref {float(ref_loss):.6g}")
         checks.append(api.Check(f"{where}/{name}", "pass" if ok else "fail", message, value,
-                                limit, name))
+                                limit, name, "mean_abs" if name == "per_token_loss" else "abs"))
     return checks
 
 
@@ -358,10 +427,9 @@ def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor,
                 g.attrs["exact"] = 0
                 g.attrs["max_abs"] = float((p - r).abs().max())
                 g.attrs["mean_abs"] = float((p - r).abs().mean())
-                g.attrs["limit"] = float(check.limit)
+                g.attrs["limit"] = math.nan if check.limit is None else float(check.limit)
                 g.attrs["mismatches"] = int(((p - r).abs() > atol + rtol * r.abs()).sum())
-                g.attrs["statistic"] = {"per_token_loss": "mean_abs", "loss": "abs"}.get(
-                    check.name, "frobenius")
+                g.attrs["statistic"] = check.statistic
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -371,37 +439,48 @@ def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor,
 
 def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, seq: int,
           seed: int, zero_format: Optional[str], dump: Optional[str] = None) -> api.Case:
-    """The end-to-end case of the model; raises NotRun when it cannot be judged. `dump`: an
-    HDF5 file that gets the case's tensors (write_dump)."""
+    """The end-to-end case of the model; raises NotRun when it cannot be judged. At least
+    MIN_TOKENS tokens: max(batch, ceil(MIN_TOKENS / seq)) sequences of seq. `dump`: an HDF5 file
+    that gets the case's tensors (write_dump)."""
     _refusals(model, loras, adapter)
-    need, free = _fp64_bytes(model, loras, batch, seq + 1), _available_bytes()
-    if free is not None and need > free // 2:
-        raise NotRun(f"the fp64 model needs about {need / 2**30:.1f} GiB, and "
-                     f"{free / 2**30:.1f} GiB of host memory are available (at most half used)")
-    dtype = model.get_input_embeddings().weight.dtype
-    device = model.get_input_embeddings().weight.device
-    dtype_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
-    if dtype_name is None:
+    try:
+        embedding = model.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        raise NotRun(f"{type(model).__name__} has no input embedding (get_input_embeddings)") \
+            from None
+    dtype, device = embedding.dtype, embedding.device
+    dtype_name = _DTYPE_NAMES.get(dtype)
+    if dtype_name is None or dtype == torch.float64:
         raise NotRun(f"the model's embedding is {dtype}: expected fp32, fp16 or bf16")
-    tokens = torch.randint(0, model.config.vocab_size, (batch, seq + 1),
+    lora_bases = {id(lo.module.base_layer) for lo in loras}
+    quantized = {path: m for path, m in model.named_modules()
+                 if _is_gptq(m) and id(m) not in lora_bases}
+    dense = {lo.path: _dense_weight(f"{lo.path}.base_layer", lo.module.base_layer, zero_format)
+             for lo in loras}
+    dense.update({path: _dense_weight(path, m, zero_format) for path, m in quantized.items()})
+    rows = max(batch, -(-MIN_TOKENS // seq))
+    _check_memory(model, dense, rows, seq + 1, device, dtype)
+    tokens = torch.randint(0, model.config.vocab_size, (rows, seq + 1),
                            generator=torch.Generator().manual_seed(seed))
-    dense = {lo.path: _dense_weight(lo, zero_format) for lo in loras}
     names = [f"{lo.path}.lora_{x}.{adapter}.weight.grad" for lo in loras for x in "AB"]
     prod_params = [getattr(lo.module, f"lora_{x}")[adapter].weight for lo in loras for x in "AB"]
-    where = f"end_to_end.{dtype_name}.b{batch}s{seq}seed{seed}"
+    where = f"end_to_end.{dtype_name}.b{rows}s{seq}seed{seed}"
     replay = (f"gradscope.check_model(<{type(model).__name__}>, end_to_end=True, batch={batch}, "
-              f"seq={seq}, seed={seed})")
+              f"seq={seq}, seed={seed}" + (f", adapter={adapter!r}" if adapter != "default" else "")
+              + (f", zero_format={zero_format!r}" if zero_format else "") + ")")
     try:
         runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True, seed=seed)}
-    except (NotRun, torch.cuda.OutOfMemoryError):
+    except NotRun:
         raise
+    except torch.cuda.OutOfMemoryError as e:
+        raise NotRun(f"out of memory running the model: {e}") from None
     except Exception as e:  # the model's own forward or backward: a verdict on it
         message = f"prod raised an error: {type(e).__name__}: {e}"
         return api.Case(where, "model", "fail",
                         [api.Check(f"{where}/error", "fail", message, None, None, "error")],
                         replay)
     for name, target in (("base", None), ("ref", torch.float64)):
-        copied, plain = _plain_copy(model, loras, adapter, dense, target)
+        copied, plain = _plain_copy(model, loras, quantized, adapter, dense, target)
         params = [t for lo in loras for t in (plain[lo.path].lora_a, plain[lo.path].lora_b)]
         try:
             runs[name] = _run(copied, tokens.to(device) if target is None else tokens, params,
@@ -409,19 +488,34 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         except NotRun:
             raise
         except Exception as e:  # the model's class code, unpatched, in a plain copy
-            raise NotRun(f"the {name} copy (plain LoRA linears, class forwards) raised "
-                         f"{type(e).__name__}: {e}") from e
+            raise NotRun(f"the {name} copy (plain GPTQ linears, class forwards) raised "
+                         f"{type(e).__name__}: {e}") from None
         del copied, plain
+    ref_loss, ref_tokens, ref_grads, ref_own = runs["ref"]
+    # prod and base differentiate the model's own loss, ref the mean token cross-entropy: the
+    # two must be one quantity (no label smoothing, auxiliary loss or other reduction).
+    if not math.isclose(ref_own, float(ref_loss), rel_tol=1e-5, abs_tol=1e-6):
+        raise NotRun(f"the model's loss for labels= is {ref_own:.8g} in fp64, the mean next-token "
+                     f"cross-entropy {float(ref_loss):.8g}: end to end needs the model's loss to "
+                     "be that mean")
+    for name in ("base", "ref"):
+        values = [runs[name][0], runs[name][1]] + [g for g in runs[name][2] if g is not None]
+        if not all(bool(torch.isfinite(v).all()) for v in values):
+            raise NotRun(f"the {name} run is not finite (a value past the range of "
+                         f"{dtype_name if name == 'base' else 'fp64'}): no limit can be derived")
     checks = _judge_losses(runs, where)
+    judged = []  # (name, prod, base, ref) of each gradient the model's loss reaches
     for i, (name, param) in enumerate(zip(names, prod_params)):
-        checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i],
-                                    runs["ref"][2][i], param.dtype, where))
+        if ref_grads[i] is None or runs["base"][2][i] is None:
+            continue  # the adapter is not in the loss's graph, in the plain model either
+        judged.append((name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i]))
+        checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i],
+                                    param.dtype, where))
     case = api.Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
                     checks, replay)
     if dump:
         tensors = {"per_token_loss": tuple(runs[r][1] for r in ("prod", "base", "ref")),
                    "loss": tuple(runs[r][0].reshape(1) for r in ("prod", "base", "ref"))}
-        for i, name in enumerate(names):
-            tensors[name] = tuple(runs[r][2][i] for r in ("prod", "base", "ref"))
+        tensors.update({name: (p, b, r) for name, p, b, r in judged if p is not None})
         write_dump(dump, case, tensors, dtype_name, device.type)
     return case

@@ -26,7 +26,8 @@ from .check_module import ModelReport, ModuleRefused, check_model
 
 # The heatmap's columns: a check's tensor, by the last part of the module's own name for it.
 _ROLES = (("output", "output"), ("input.grad", "input.grad"),
-          ("lora_A.grad", ".lora_A."), ("lora_B.grad", ".lora_B."), ("loss", "loss"))
+          ("lora_A.grad", ".lora_A."), ("lora_B.grad", ".lora_B."), ("loss", "loss"),
+          ("error", "error"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,7 +107,8 @@ def report_data(report: ModelReport) -> Dict[str, Any]:
             "path": m.path, "kind": m.kind, "passed": m.passed,
             "cases": [{
                 "id": c.id, "status": c.status, "replay": c.replay,
-                "checks": [{"name": k.name, "passed": k.passed, "max_abs": k.max_abs,
+                "checks": [{"name": k.name, "passed": k.passed, "statistic": k.statistic,
+                            "max_abs": k.max_abs,
                             "limit": k.limit, "error_to_limit": _ratio(k),
                             "message": k.message} for k in c.checks],
             } for c in m.cases],

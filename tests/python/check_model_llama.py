@@ -15,7 +15,9 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    the same model held in bf16 and in fp16 pass, as does an fp16 model whose bases round
    differently (another GEMM layout); a final norm patched to forget its weight (an
    instance-level forward, as model patchers install fused kernels) passes every module check
-   and fails end to end; an MLP whose backward raises fails by module and end to end.
+   and fails end to end, as does a GPTQ linear without LoRA that reads v1 zero points as v2;
+   an MLP whose backward raises fails by module and end to end. The unmodified stack's
+   end-to-end err/limit is 0.5 exactly: it computes the baseline's bits.
 Prints each run's wall time.
 """
 import os
@@ -27,7 +29,7 @@ import time
 import types
 
 import torch
-from lora_models import lora, quant, with_own_weights
+from lora_models import ReadsV1AsV2, lora, quant, with_own_weights
 from peft.tuners.lora.gptq import GPTQLoraLinear
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -145,6 +147,7 @@ def main():
     report = timed(f"check_model, {SHAPE}, modules, 3 dtypes, fp32 model end to end",
                    lambda: gradscope.check_model(model, dtypes=dtypes))
     print(report.table())
+    assert end_to_end(report).worst()[0] == 0.5, report.table()  # base's bits exactly
     report = timed(f"check_model, {SHAPE}, layers on the model's activations, 3 dtypes",
                    lambda: gradscope.check_model(model, dtypes=dtypes, by="layer",
                                                  inputs="model", end_to_end=False))
@@ -155,6 +158,8 @@ def main():
                        lambda: gradscope.check_model(build(dtype=dtype)[0], dtypes=[name],
                                                      end_to_end=True))
         print(f"  end to end: worst err/limit {end_to_end(report).worst()[0]:.3g}")
+        # The unmodified stack computes what the baseline computes, bit for bit on the CPU.
+        assert end_to_end(report).worst()[0] == 0.5, report.table()
     # Correct and rounding differently from the baseline (on the CPU in fp16, the other GEMM
     # layout rounds differently; bf16 and fp32 give the same bits): within the limit.
     report = timed(f"check_model, {SHAPE}, fp16 model over a transposed GEMM, end to end",
@@ -204,6 +209,21 @@ def main():
     failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
     assert {"loss", "per_token_loss"} <= failing and len(failing) > 2, failing
     print(report.divergence_lines()[0])
+    # A GPTQ linear without LoRA is no module check's: end to end computes it plainly in base
+    # and ref, so a bug in it (v1 zero points read as v2) fails end to end.
+    model, last = build()
+    own = model.model.layers[0].mlp.down_proj.base_layer
+    bare = quant(own.in_features, own.out_features, group=own.group_size, cls=ReadsV1AsV2)
+    bare.load_state_dict(own.state_dict())
+    model.model.layers[0].mlp.down_proj = bare
+    report = timed(f"check_model, {SHAPE}, a GPTQ linear without LoRA reading v1 as v2",
+                   lambda: gradscope.check_model(model, dtypes=["fp32"], raise_on_failure=False))
+    assert [m.path for m in report.modules if not m.passed] == ["end_to_end"], report.table()
+    try:
+        gradscope.check_model(model, end_to_end=0)
+        raise AssertionError("end_to_end=0 was taken")
+    except gradscope.GradscopeInputError as e:
+        assert "end_to_end=0" in str(e), e
     # A patched forward whose backward raises: a failing check, end to end as in the module.
     model, last = build()
     mlp = model.model.layers[0].mlp

@@ -9,7 +9,7 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
 3. Bugs planted in the module are caught, each named by the module's path: a QuantLinear that
    reads v1 zero points as v2, a LoRA layer that leaves out its scaling in backward only.
 4. What the reference does not model is refused by name: a GELU MLP, a plain nn.Linear, a
-   base that does not say how its zero points are stored.
+   base that does not say how its zero points are stored, a LoRA layer whose adapter is off.
 5. check_model over a two-layer LlamaForCausalLM with LoRA on all seven projections: six
    modules pass; a bug planted in layer 1's down_proj base is the first divergence, named by
    its path, and layer 0 still passes.
@@ -202,6 +202,9 @@ def main():
     plain = lora(quant(128, 64, cls=V1WithoutSaying))
     expect_refusal(plain, "pass zero_format='gptq' (v1) or 'gptq_v2'")
     assert gradscope.check_module(plain, zero_format="gptq", dtypes="fp32")[0].passed
+    disabled = lora(quant(128, 64, group=32))
+    disabled.enable_adapters(False)  # its forward is the base alone
+    expect_refusal(disabled, "does not run adapter 'default' alone")
     # 5. A model, module by module.
     model = tiny_llama()
     report = gradscope.check_model(model)

@@ -1,5 +1,5 @@
-"""check_model on a small Llama patched by fms-acceleration-foak (docs/peers.md, "fms-acceleration,
-model by model").
+"""check_model on a small Llama patched by fms-acceleration-foak (docs/peers.md, the
+fms-acceleration sections: what it finds per op, here per layer).
 
 Usage: foak_model.py   (CUDA; fms-acceleration and fms-acceleration-foak installed; gradscope and
 tests/python on PYTHONPATH). The model: check_model_llama.py's small Llama (4 layers, hidden 128,
@@ -12,10 +12,11 @@ fast_rms_layernorm: instance-level forwards on each attention's q/k/v and o_proj
 each RMSNorm. Runs:
 1. LoRA dropout 0.1, module by module: the input gradient of each layer's q/k/v and o_proj
    (the dropout mask guessed from zeros, without its 1 / (1 - p)); each MLP's fused backward.
-2. No dropout, module by module, and the model end to end.
-3. No dropout, FOAK's MLP patch taken off (its backward raises at every Llama shape): the fused
-   q/k/v, o_proj and RMSNorm judged end to end and layer by layer on the model's activations.
-Prints each report; asserts what docs/peers.md found per op shows per layer.
+2. No dropout, module by module, and the model end to end: each MLP's fused backward raises,
+   in its module check and end to end.
+3. No dropout, FOAK's MLP patch taken off: the fused q/k/v, o_proj and RMSNorm judged end to
+   end and layer by layer on the model's activations (printed: what they show is the finding).
+Runs 1 and 2 assert what docs/peers.md found per op, per layer.
 """
 import functools
 import time
@@ -88,6 +89,9 @@ def main():
                  lambda: gradscope.check_model(model, dtypes=["fp16"], raise_on_failure=False))
     found = failing(report)
     print("failing:", found)
+    for layer in layers:
+        assert found.get(f"{layer}.mlp") == ["error"], found
+    assert found.get("end_to_end") == ["error"], found
 
     for layer in model.model.layers:
         del layer.mlp.__dict__["forward"]  # the class's MLP forward over peft's LoRA linears
