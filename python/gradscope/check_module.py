@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -20,7 +21,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -477,6 +478,25 @@ def _parameter_name(check_path: str, kind: str, adapter: str) -> str:
     return tensor  # input.grad
 
 
+def _in_training_mode(check: Callable[..., List[api.Case]]) -> Callable[..., List[api.Case]]:
+    """Runs `check` with the module in training mode, restored after: dropout draws as in
+    training, and GPTQModel's QuantLinears switch their zero points to the v2 words their
+    training kernel reads before anything of them is read."""
+
+    @functools.wraps(check)
+    def in_training(module: torch.nn.Module, **kwargs) -> List[api.Case]:
+        __tracebackhide__ = True
+        was_training = module.training
+        module.train()
+        try:
+            return check(module, **kwargs)
+        finally:
+            module.train(was_training)
+
+    return in_training
+
+
+@_in_training_mode
 def check_module(
     module: torch.nn.Module,
     *,
@@ -514,34 +534,6 @@ def check_module(
     that path unless raise_on_failure is False, and ModuleRefused (a GradscopeInputError) for a
     module or feature gradscope does not model.
     """
-    __tracebackhide__ = True
-    was_training = module.training
-    # In training mode before it is read: dropout draws as in training, and GPTQModel's
-    # QuantLinears switch their zero points to the v2 words their training kernel reads.
-    module.train()
-    try:
-        return _check_module(module, kind=kind, adapter=adapter, dtypes=dtypes, batch=batch,
-                             seq=seq, seed=seed, zero_format=zero_format, weights=weights,
-                             inputs=inputs, dump=dump, raise_on_failure=raise_on_failure)
-    finally:
-        module.train(was_training)
-
-
-def _check_module(
-    module: torch.nn.Module,
-    *,
-    kind: Optional[str] = None,
-    adapter: str = "default",
-    dtypes: Union[str, Sequence[str]] = ("fp32", "fp16", "bf16"),
-    batch: int = 2,
-    seq: int = 17,
-    seed: int = 1,
-    zero_format: Optional[str] = None,
-    weights: str = "case",
-    inputs: Optional[Dict[str, torch.Tensor]] = None,
-    dump: Optional[str] = None,
-    raise_on_failure: bool = True,
-) -> List[api.Case]:
     __tracebackhide__ = True
     kind, projections = _projections(module, kind, adapter)
     x = (inputs or {}).get("x")
