@@ -13,7 +13,11 @@
 #   fms_gpu_v2   the same files with every case's zero points in the v2 format (format =
 #                "gptq_v2" added to each file: the files keep v1, where fms fails every case)
 #   peft_gpu     peft over PEER_GPU_FILES (less the dequant files: peft has no dequantize)
-# all on CUDA.
+#   foak_model   check_model on a small Llama patched by fms-acceleration-foak's own plugin
+#                rules (tests/python/foak_model.py)
+#   model_7b     check_model on a Llama-2-7B-shaped layer, by module, by layer and end to end
+#                (tests/python/check_model_llama.py --device cuda --shape 7b)
+# all on CUDA (foak_model and model_7b are not in the default STEPS).
 set -uo pipefail
 OUT=${1:?usage: device-peers.sh OUTDIR}
 mkdir -p "$OUT"
@@ -78,6 +82,16 @@ for step in $steps; do
     peer_run fms_gpu_v2 $fms $(for f in $gpu_files; do echo "/tmp/gpu_v2/$(basename "$f")"; done) ;;
   peft_gpu)
     peer_run peft_gpu peft gradscope.adapters.peft $(printf '%s\n' $gpu_files | grep -v '/dequant_') ;;
+  foak_model | model_7b)
+    left=$((deadline - SECONDS))
+    start=$SECONDS
+    script=(tests/python/foak_model.py)
+    [[ $step == model_7b ]] && script=(tests/python/check_model_llama.py --device cuda --shape 7b)
+    PYTHONPATH=$PYTHONPATH:$PWD/tests/python timeout -k 5 "$((left < 300 ? left : 300))" \
+      python3 "${script[@]}" >"$OUT/$step.log" 2>&1
+    rc=$?
+    echo "== $step: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.log"
+    ((rc == 0)) || status=1 ;;
   *) echo "unknown step $step"; status=1 ;;
   esac
 done
