@@ -10,12 +10,12 @@ Three runs of the same model on the same seeded token ids, to the mean next-toke
 Each LoRA gradient passes when its error's Frobenius norm is at most twice the baseline's, the
 per-token losses when their mean error is at most twice the baseline's (as the training kind's
 are), and the model's own loss within the same limit plus its mean's rounding: statistics over
-many elements, stable to a few percent, where a maximum without a floor would fail a correct
-model by chance; the element-wise rule with its derived floor is the per-module checks'
-(docs/verification.md, "End to end"). The reference is
-the model's own module code in fp64, not gradscope's independent reference: it localises
-nothing and proves the parts between the layers (embedding, final norm, lm_head, the loss) and
-the wiring; the per-module checks are the independent ones.
+many elements, where a maximum without a floor would fail a correct model by chance; the
+element-wise rule with its derived floor is the per-module checks' (docs/verification.md,
+"End to end"). The reference is the model's own module code in fp64, not gradscope's
+independent reference: it localises nothing and proves the parts between the layers
+(embedding, final norm, lm_head, the loss) and the wiring; the per-module checks are the
+independent ones.
 """
 from __future__ import annotations
 
