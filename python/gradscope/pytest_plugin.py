@@ -9,8 +9,9 @@ implementation declines is a skip with its reason; a case gradscope cannot judge
 a missing operator) is an error with gradscope's message.
 
 Without those options the plugin collects nothing and offers fixtures: `gradscope_check`
-(`gradscope.check` with the command line's implementation, imports, device and seed) and
-`gradscope_check_module` (`gradscope.check_module` with its seed).
+(`gradscope.check` with the command line's implementation, imports, device and seed),
+`gradscope_check_module` and `gradscope_check_model` (`gradscope.check_module` and
+`gradscope.check_model` with its seed).
 docs/python.md describes both.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 
 from . import api
-from .check_module import check_module
+from .check_module import ModelReport, check_model, check_module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -156,3 +157,12 @@ def gradscope_check_module(request: pytest.FixtureRequest) -> Callable[..., List
     `def test_layer(gradscope_check_module): gradscope_check_module(my_layer)`."""
     seed = _Options(request.config).seed
     return functools.partial(check_module, seed=1 if seed is None else seed)
+
+
+@pytest.fixture
+def gradscope_check_model(request: pytest.FixtureRequest) -> Callable[..., ModelReport]:
+    """gradscope.check_model with the command line's --gradscope-seed as the default seed: a
+    failing model fails the test with its first divergence and the table, without gradscope's
+    frames: `def test_model(gradscope_check_model): gradscope_check_model(my_model)`."""
+    seed = _Options(request.config).seed
+    return functools.partial(check_model, seed=1 if seed is None else seed)

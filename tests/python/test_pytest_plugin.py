@@ -114,6 +114,26 @@ def test_the_check_module_fixture_takes_the_seed(run, pytester: pytest.Pytester)
     run("--gradscope-seed", "7").assert_outcomes(passed=1)
 
 
+def test_the_check_model_fixture_takes_the_seed_and_fails_without_frames(
+        run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_model="""
+        from lora_models import tiny_llama_down_proj_bug, tiny_llama_trained
+
+        def test_my_model(gradscope_check_model):
+            report = gradscope_check_model(tiny_llama_trained(), dtypes="fp32")
+            [case] = report.modules[-1].cases
+            assert report.passed and case.id.endswith("seed7"), case.id
+
+        def test_my_buggy_model(gradscope_check_model):
+            gradscope_check_model(tiny_llama_down_proj_bug(), dtypes="fp32")
+    """)
+    result = run("--gradscope-seed", "7")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "first divergence: model.layers.1.mlp (mlp); 1 of 6 modules failed" in out, out
+    assert "check_module.py:" not in out, out
+
+
 def test_the_package_declares_the_entry_point() -> None:
     pyproject = (CASES.parent / "pyproject.toml").read_text()
     entry = r'\[project\.entry-points\.pytest11\]\s*\ngradscope = "gradscope\.pytest_plugin"'
