@@ -794,6 +794,8 @@ def check_model(
     inputs: str = "case",
     dump_dir: Optional[str] = None,
     end_to_end: Union[str, bool] = "auto",
+    steps: int = 0,
+    lr: float = 1e-3,
     raise_on_failure: bool = True,
 ) -> ModelReport:
     """Judges every LoRA module of `model` by check_module, one module at a time, in the
@@ -813,7 +815,9 @@ def check_model(
     baseline (gradscope/end_to_end.py; seeded token ids, at least 256): "auto" where the model
     allows it (a causal LM, no dropout, trained lora_B, copies within half the free memory, ...)
     and a note why not otherwise, True to require it (ModuleRefused if it cannot), False to
-    skip it.
+    skip it. `steps` > 0 (end to end only): that many AdamW steps (`lr`) of the reference, each
+    step's losses of the model and the baseline judged on the reference's adapters of that step,
+    so that state a kernel keeps across steps shows; the model's adapters are restored after.
     Returns a ModelReport (`table()`, `first_failure`); raises AssertionError naming the first
     failing module and its failing tensors unless raise_on_failure is False.
     """
@@ -828,6 +832,13 @@ def check_model(
         raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
     if dump_dir is not None and not os.path.isdir(dump_dir):
         raise api.GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise api.GradscopeInputError(f"steps={steps!r}: expected a whole number >= 0")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise api.GradscopeInputError(f"lr={lr!r}: expected a finite number > 0")
+    if steps and end_to_end is False:
+        raise api.GradscopeInputError("steps: the optimizer steps are judged end to end; "
+                                      "end_to_end=False leaves none")
     if not (isinstance(end_to_end, bool) or end_to_end == "auto"):
         raise api.GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
                                       "False")
@@ -857,7 +868,8 @@ def check_model(
                  for path, m in model.named_modules() if _is_lora(m)]
         try:
             case = e2e.judge(model, loras, adapter, batch, seq, seed, zero_format,
-                             os.path.join(dump_dir, "end_to_end.h5") if dump_dir else None)
+                             os.path.join(dump_dir, "end_to_end.h5") if dump_dir else None,
+                             steps=steps, lr=lr)
             report.modules.append(ModuleResult("end_to_end", "model", [case]))
         except e2e.NotRun as e:
             if end_to_end is True:

@@ -437,11 +437,67 @@ def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor,
         raise
 
 
+def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies: dict,
+                 ref_grads: List[Optional[torch.Tensor]], rows: int, seq: int, seed: int,
+                 steps: int, lr: float, where: str) -> List[api.Check]:
+    """`steps` AdamW steps of the reference (fp64, from its own gradients), and at each step k
+    the losses of prod and base on the reference's adapters of step k (rounded once to theirs),
+    on batch k's tokens: the training kind's teacher forcing, so that a difference is that
+    step's and not the sum of the ones before, while state a kernel keeps across steps (an
+    adapter or weight cached at the first call) shows. The model's adapters are restored
+    after, bit for bit."""
+    base, base_params = copies["base"]
+    ref, ref_params = copies["ref"]
+    device = prod_params[0].device
+    optimizer = torch.optim.AdamW(ref_params, lr=lr, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=0.0)
+    saved = [p.detach().clone() for p in prod_params]
+    checks: List[api.Check] = []
+    try:
+        for k in range(1, steps + 1):
+            with torch.no_grad():
+                for p, g in zip(ref_params, ref_grads):
+                    p.grad = None if g is None else g.clone()
+            optimizer.step()
+            with torch.no_grad():  # step k's adapters, rounded once into prod's and base's
+                for mine, theirs in ((prod_params, ref_params), (base_params, ref_params)):
+                    for p, r in zip(mine, theirs):
+                        p.copy_(r.detach().to(p.dtype))
+            tokens = torch.randint(0, model.config.vocab_size, (rows, seq + 1),
+                                   generator=torch.Generator().manual_seed(seed + k))
+            try:
+                runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True,
+                                     seed=seed + k)}
+            except NotRun:
+                raise
+            except Exception as e:  # the model's own code: a verdict on it
+                checks.append(api.Check(f"{where}/step{k}.error", "fail", f"prod raised an "
+                                        f"error at step {k}: {type(e).__name__}: {e}", None, None,
+                                        f"step{k}.error"))
+                break
+            runs["base"] = _run(base, tokens.to(device), base_params, own_loss=True,
+                                seed=seed + k)
+            runs["ref"] = _run(ref, tokens, ref_params, own_loss=False, seed=seed + k)
+            ref_grads = runs["ref"][2]
+            for c in _judge_losses(runs, where):
+                c.name = f"step{k}.{c.name}"
+                c.path = f"{where}/{c.name}"
+                c.message = c.message and f"step {k}: {c.message}"
+                checks.append(c)
+    finally:
+        with torch.no_grad():
+            for p, s in zip(prod_params, saved):
+                p.copy_(s)
+    return checks
+
+
 def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, seq: int,
-          seed: int, zero_format: Optional[str], dump: Optional[str] = None) -> api.Case:
+          seed: int, zero_format: Optional[str], dump: Optional[str] = None, steps: int = 0,
+          lr: float = 1e-3) -> api.Case:
     """The end-to-end case of the model; raises NotRun when it cannot be judged. At least
     MIN_TOKENS tokens: max(batch, ceil(MIN_TOKENS / seq)) sequences of seq. `dump`: an HDF5 file
-    that gets the case's tensors (write_dump)."""
+    that gets the case's tensors (write_dump). `steps` > 0: also that many optimizer steps,
+    each step's losses judged (_judge_steps)."""
     _refusals(model, loras, adapter)
     try:
         embedding = model.get_input_embeddings().weight
@@ -467,7 +523,8 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
     where = f"end_to_end.{dtype_name}.b{rows}s{seq}seed{seed}"
     replay = (f"gradscope.check_model(<{type(model).__name__}>, end_to_end=True, batch={batch}, "
               f"seq={seq}, seed={seed}" + (f", adapter={adapter!r}" if adapter != "default" else "")
-              + (f", zero_format={zero_format!r}" if zero_format else "") + ")")
+              + (f", zero_format={zero_format!r}" if zero_format else "")
+              + (f", steps={steps}, lr={lr!r}" if steps else "") + ")")
     try:
         runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True, seed=seed)}
     except NotRun:
@@ -479,6 +536,7 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         return api.Case(where, "model", "fail",
                         [api.Check(f"{where}/error", "fail", message, None, None, "error")],
                         replay)
+    copies = {}  # name: (the plain copy, its adapters in prod's order), kept for the steps
     for name, target in (("base", None), ("ref", torch.float64)):
         copied, plain = _plain_copy(model, loras, quantized, adapter, dense, target)
         params = [t for lo in loras for t in (plain[lo.path].lora_a, plain[lo.path].lora_b)]
@@ -490,6 +548,7 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         except Exception as e:  # the model's class code, unpatched, in a plain copy
             raise NotRun(f"the {name} copy (plain GPTQ linears, class forwards) raised "
                          f"{type(e).__name__}: {e}") from None
+        copies[name] = (copied, params) if steps else None
         del copied, plain
     ref_loss, ref_tokens, ref_grads, ref_own = runs["ref"]
     # prod and base differentiate the model's own loss, ref the mean token cross-entropy: the
@@ -511,6 +570,9 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         judged.append((name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i]))
         checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i],
                                     param.dtype, where))
+    if steps:
+        checks += _judge_steps(model, prod_params, copies, runs["ref"][2], rows, seq, seed,
+                               steps, lr, where)
     case = api.Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
                     checks, replay)
     if dump:

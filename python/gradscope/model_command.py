@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--end-to-end", choices=("auto", "on", "off"), default="auto",
                    help="also judge the loss and every LoRA gradient against the model in fp64: "
                         "where the model allows it (auto), required (on), or not (off)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="end to end, also this many optimizer steps, each step's losses judged")
+    p.add_argument("--lr", type=float, default=1e-3, help="the steps' AdamW learning rate")
     p.add_argument("--json", metavar="FILE", help="every module's checks as JSON")
     p.add_argument("--html", metavar="FILE", help="a heatmap of err/limit")
     p.add_argument("--junit", metavar="FILE",
@@ -234,6 +237,7 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
                        zero_format=args.zero_format, by=args.by, inputs=args.inputs,
                        dump_dir=args.dump_dir,
                        end_to_end={"auto": "auto", "on": True, "off": False}[args.end_to_end],
+                       steps=args.steps, lr=args.lr,
                        raise_on_failure=False)
     except (api.GradscopeInputError, ModuleRefused) as e:
         print(f"gradscope model: {e}", file=sys.stderr)

@@ -18,6 +18,9 @@ Usage: check_model_llama.py [--device cuda] [--shape small|7b]
    and fails end to end, as does a GPTQ linear without LoRA that reads v1 zero points as v2;
    an MLP whose backward raises fails by module and end to end. The unmodified stack's
    end-to-end err/limit is 0.5 exactly: it computes the baseline's bits.
+4. Optimizer steps end to end: three pass; an o_proj that keeps lora_B transposed from its first
+   call passes step 0 (layer by layer and end to end) and fails from step 1 on; the model's
+   adapters are restored after.
 Prints each run's wall time.
 """
 import os
@@ -82,7 +85,8 @@ class TransposedGemm(gradscope.QuantLinear):
         return torch.nn.functional.linear(x, w.t().contiguous())
 
 
-def build(bug=False, dtype=torch.float32, base=gradscope.QuantLinear, seed=0):
+def build(bug=False, dtype=torch.float32, base=gradscope.QuantLinear, seed=0,
+          lora_cls=LoraBGradUnscaled):
     shape = dict(SHAPES[SHAPE])
     group = shape.pop("group")
     config = LlamaConfig(vocab_size=64, **shape)
@@ -98,7 +102,7 @@ def build(bug=False, dtype=torch.float32, base=gradscope.QuantLinear, seed=0):
         for parent in (layer.self_attn, layer.mlp):
             for name, (n_in, n_out) in sizes.items():
                 if hasattr(parent, name):
-                    cls = LoraBGradUnscaled if bug and i == last and name == "o_proj" else \
+                    cls = lora_cls if bug and i == last and name == "o_proj" else \
                         GPTQLoraLinear
                     setattr(parent, name, lora(quant(n_in, n_out, group=group, cls=base), r=16,
                                                alpha=32.0, cls=cls))
@@ -123,6 +127,34 @@ def forgets_norm_weight(self, x):
     weight."""
     v = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+
+class _CachedBt(torch.autograd.Function):
+    """(x A^T) B^T with B^T taken from a cache; the gradients are right for the cached B."""
+
+    @staticmethod
+    def forward(ctx, h, b, bt):
+        ctx.save_for_backward(h, bt)
+        return h @ bt
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, bt = ctx.saved_tensors
+        db = dy.reshape(-1, dy.shape[-1]).t() @ h.reshape(-1, h.shape[-1])
+        return dy @ bt.t(), db.to(bt.dtype), None
+
+
+class CachesLoraBTransposed(GPTQLoraLinear):
+    """Keeps lora_B transposed from its first call (a layout a fused kernel wants): stale once
+    the optimizer has stepped. Every single forward and backward is right."""
+
+    def forward(self, x):
+        a, b = self.lora_A["default"], self.lora_B["default"]
+        if not hasattr(self, "_bt"):
+            self._bt = b.weight.detach().t().contiguous()
+        h = a(self.lora_dropout["default"](x.to(a.weight.dtype)))
+        lora_out = _CachedBt.apply(h, b.weight, self._bt) * self.scaling["default"]
+        return self.base_layer(x) + lora_out.to(x.dtype)
 
 
 class _RaisesInBackward(torch.autograd.Function):
@@ -209,6 +241,26 @@ def main():
     failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
     assert {"loss", "per_token_loss"} <= failing and len(failing) > 2, failing
     print(report.divergence_lines()[0])
+    # Optimizer steps (end to end, teacher-forced): the unmodified model passes every step; an
+    # o_proj that keeps lora_B from its first call passes every check of step 0, by layer on
+    # the model's activations and end to end, and fails from the first step on.
+    model, last = build()
+    report = timed(f"check_model, {SHAPE}, 3 optimizer steps",
+                   lambda: gradscope.check_model(model, dtypes=["fp32"], end_to_end=True,
+                                                 steps=3))
+    names = [k.name for k in end_to_end(report).cases[0].checks]
+    assert "step3.per_token_loss" in names and "step3.loss" in names, names
+    model, last = build(bug=True, lora_cls=CachesLoraBTransposed)
+    before = [p.detach().clone() for p in model.parameters()]
+    report = timed(f"check_model, {SHAPE}, o_proj caching lora_B, by layer, 2 steps",
+                   lambda: gradscope.check_model(model, dtypes=["fp32"], by="layer",
+                                                 inputs="model", end_to_end=True, steps=2,
+                                                 raise_on_failure=False))
+    assert [m.path for m in report.modules if not m.passed] == ["end_to_end"], report.table()
+    failing = {k.name for c in end_to_end(report).cases for k in c.checks if not k.passed}
+    assert failing and all(n.startswith(("step1.", "step2.")) for n in failing), failing
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # restored
+    print(report.divergence_lines()[1][:160])
     # A GPTQ linear without LoRA is no module check's: end to end computes it plainly in base
     # and ref, so a bug in it (v1 zero points read as v2) fails end to end.
     model, last = build()

@@ -125,6 +125,9 @@ def main():
             (("lora_models:tiny_llama", "--dtype", "fp8"), "invalid choice: 'fp8'"),
             (("lora_models:tiny_llama", "--by", "block"), "invalid choice: 'block'"),
             (("lora_models:tiny_llama", "--end-to-end", "yes"), "invalid choice: 'yes'"),
+            (("lora_models:tiny_llama", "--steps", "-1"), "steps=-1: expected a whole number"),
+            (("lora_models:tiny_llama", "--steps", "2", "--end-to-end", "off"),
+             "end_to_end=False leaves none"),
             (("lora_models:tiny_llama", "--end-to-end", "on"),
              "end_to_end=True: model.layers.0.self_attn.q_proj.lora_B.default.weight and others "
              "is all zeros"),
@@ -139,7 +142,7 @@ def main():
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
           "layer 1's down_proj is the first divergence (exit 1), by module and by layer, in JUnit "
-          "and per-module dumps; end to end where the model allows it; eleven bad inputs exit 2")
+          "and per-module dumps; end to end where the model allows it; thirteen bad inputs exit 2")
 
 
 if __name__ == "__main__":
