@@ -179,7 +179,8 @@ def main():
     report = timed(f"check_model, {SHAPE}, modules, 3 dtypes, fp32 model end to end",
                    lambda: gradscope.check_model(model, dtypes=dtypes))
     print(report.table())
-    assert end_to_end(report).worst()[0] == 0.5, report.table()  # base's bits exactly
+    if DEVICE == "cpu":  # base's bits exactly (shown on the CPU; another device may differ)
+        assert end_to_end(report).worst()[0] == 0.5, report.table()
     report = timed(f"check_model, {SHAPE}, layers on the model's activations, 3 dtypes",
                    lambda: gradscope.check_model(model, dtypes=dtypes, by="layer",
                                                  inputs="model", end_to_end=False))
@@ -191,7 +192,8 @@ def main():
                                                      end_to_end=True))
         print(f"  end to end: worst err/limit {end_to_end(report).worst()[0]:.3g}")
         # The unmodified stack computes what the baseline computes, bit for bit on the CPU.
-        assert end_to_end(report).worst()[0] == 0.5, report.table()
+        if DEVICE == "cpu":
+            assert end_to_end(report).worst()[0] == 0.5, report.table()
     # Correct and rounding differently from the baseline (on the CPU in fp16, the other GEMM
     # layout rounds differently; bf16 and fp32 give the same bits): within the limit.
     report = timed(f"check_model, {SHAPE}, fp16 model over a transposed GEMM, end to end",
@@ -267,6 +269,7 @@ def main():
     own = model.model.layers[0].mlp.down_proj.base_layer
     bare = quant(own.in_features, own.out_features, group=own.group_size, cls=ReadsV1AsV2)
     bare.load_state_dict(own.state_dict())
+    bare.to(own.qweight.device)  # the model's device (--device cuda)
     model.model.layers[0].mlp.down_proj = bare
     report = timed(f"check_model, {SHAPE}, a GPTQ linear without LoRA reading v1 as v2",
                    lambda: gradscope.check_model(model, dtypes=["fp32"], raise_on_failure=False))
