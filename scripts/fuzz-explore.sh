@@ -15,9 +15,7 @@ targets=("$@")
 ((${#targets[@]})) || targets=(case_file dump_reader safetensors_header against_report checkpoint_config
                                safetensors_index suite_walk)
 bash scripts/build-sanitize.sh || exit 1
-export ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:detect_leaks=1
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0
+source scripts/sanitizer-env.sh
 findings="$BUILD_DIR/fuzz-findings"
 mkdir -p "$findings"
 status=0

@@ -20,11 +20,7 @@ declare -A FUZZ_RUNS=([case_file]=60000 [dump_reader]=3000 [safetensors_header]=
 
 bash scripts/build-sanitize.sh
 
-# libtorch and libhdf5 are not instrumented; container-overflow checks need every
-# std::vector user instrumented, so they are off. Leaks are checked.
-export ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:detect_leaks=1
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0
+source scripts/sanitizer-env.sh
 export GRADSCOPE="$PWD/$BUILD_DIR/gradscope"
 start=$SECONDS
 "$BUILD_DIR/tests/reference_tests" --gtest_brief=1
