@@ -2,10 +2,12 @@
 
 #include <cblas.h>
 
+#include <cmath>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "reference/row_parallel.h"
 
@@ -28,6 +30,91 @@ blasint dim(int64_t v, const char* what) {
                             " exceeds the BLAS's 32-bit dimensions");
   }
   return static_cast<blasint>(v);
+}
+
+// The power-of-two scales of a nonnegative operand's rows or columns (`along_rows`: one per
+// row, else one per column): exponent e with max * 2^-e in [1, 2), or `zero` set where the
+// row or column is all zero. False if an element is not finite.
+struct Scales {
+  std::vector<int> exponent;
+  std::vector<double> factor;  // 2^-exponent
+  std::vector<char> zero;
+};
+// `squared`: the scales of x's elementwise square (x itself is read).
+bool scales_of(const Matrix& x, bool along_rows, bool squared, Scales& out) {
+  const int64_t lines = along_rows ? x.rows() : x.cols();
+  Eigen::VectorXd largest = Eigen::VectorXd::Zero(lines);
+  std::vector<char> finite(static_cast<size_t>(along_rows ? lines : 1), 1);
+  if (along_rows) {
+    for_each_row(lines, [&](int64_t r) {
+      const auto row = x.row(r);
+      if (!row.allFinite()) finite[r] = 0;
+      largest(r) = squared ? row.cwiseAbs().maxCoeff() : row.maxCoeff();
+    });
+  } else {
+    // Blocks of columns, each scanning every row: a maximum does not depend on the order.
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (lines + kBlock - 1) / kBlock;
+    std::vector<char> block_finite(static_cast<size_t>(blocks), 1);
+    for_each_row(blocks, [&](int64_t blk) {
+      const int64_t j0 = blk * kBlock, w = std::min(kBlock, lines - j0);
+      auto block = largest.segment(j0, w);
+      bool all_finite = true;
+      for (int64_t r = 0; r < x.rows(); ++r) {
+        const auto seg = x.row(r).segment(j0, w).transpose();
+        all_finite = all_finite && seg.allFinite();
+        if (squared) {
+          block = block.cwiseMax(seg.cwiseAbs());
+        } else {
+          block = block.cwiseMax(seg);
+        }
+      }
+      block_finite[blk] = all_finite;
+    });
+    for (const char f : block_finite) finite[0] = finite[0] && f;
+  }
+  for (const char f : finite) {
+    if (!f) return false;
+  }
+  if (squared) {
+    largest = largest.cwiseAbs2();
+    if (!largest.allFinite()) return false;  // a square overflows
+  }
+  out.exponent.assign(static_cast<size_t>(lines), 0);
+  out.zero.assign(static_cast<size_t>(lines), 0);
+  out.factor.assign(static_cast<size_t>(lines), 1.0);
+  for (int64_t l = 0; l < lines; ++l) {
+    if (largest(l) > 0) {
+      out.exponent[l] = std::ilogb(largest(l));
+      out.factor[l] = std::ldexp(1.0, -out.exponent[l]);
+    } else {
+      out.zero[l] = 1;
+    }
+  }
+  return true;
+}
+
+// x's elements as floats, each multiplied by 2^-exponent of its row (`along_rows`) or column
+// (a power of two: exact, but where the product is subnormal); same layout as x.
+std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared,
+                                 const Scales& s) {
+  std::vector<float> out(static_cast<size_t>(x.size()));
+  const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data(),
+                                                       along_rows ? 0 : x.cols());
+  for_each_row(x.rows(), [&](int64_t r) {
+    Eigen::Map<Eigen::ArrayXf> dst(out.data() + r * x.cols(), x.cols());
+    const auto src = x.row(r).transpose().array();
+    if (along_rows && squared) {
+      dst = (src.square() * s.factor[r]).cast<float>();
+    } else if (along_rows) {
+      dst = (src * s.factor[r]).cast<float>();
+    } else if (squared) {
+      dst = (src.square() * column_factor).cast<float>();
+    } else {
+      dst = (src * column_factor).cast<float>();
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -68,6 +155,65 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
         scipy_cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                           tb ? CblasTrans : CblasNoTrans, mt, nt, kk, alpha, pa, lda, pb, ldb, beta,
                           c.data() + i * c.cols() + j, ldc);
+      },
+      /*dynamic=*/true, kMaxCallingThreads);
+}
+
+void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b,
+                      Matrix& c, bool square_b) {
+  const bool ta = op_a == Op::kTransposed, tb = op_b == Op::kTransposed;
+  const int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
+  const int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
+  if (k != kb || c.rows() != m || c.cols() != n) {
+    throw std::logic_error("reference product: shapes do not match");
+  }
+  if (m == 0 || n == 0 || k == 0) return;
+  // op(A)'s rows are A's rows, or its columns when transposed; op(B)'s columns likewise.
+  Scales sa, sb;
+  if (!scales_of(a, !ta, false, sa) || !scales_of(b, tb, square_b, sb)) {
+    gemm(alpha, a, op_a, square_b ? Matrix(b.cwiseAbs2()) : b, op_b, 1.0, c);
+    return;
+  }
+  single_threaded_blas();
+  const std::vector<float> fa = scaled_floats(a, !ta, false, sa);
+  const std::vector<float> fb = scaled_floats(b, tb, square_b, sb);
+  const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row");
+  const blasint kk = dim(k, "an inner dimension");
+  // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
+  const double small = std::ldexp(static_cast<double>(k), -99);
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
+  for_each_row(
+      row_tiles * col_tiles,
+      [&](int64_t t) {
+        const int64_t i = t / col_tiles * kTileRows, j = t % col_tiles * kTileCols;
+        const int64_t mt = std::min(kTileRows, m - i), nt = std::min(kTileCols, n - j);
+        const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
+        const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
+        std::vector<float> tile(static_cast<size_t>(mt * nt));
+        scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                          tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(mt),
+                          static_cast<blasint>(nt), kk, 1.0f, pa, lda, pb, ldb, 0.0f, tile.data(),
+                          static_cast<blasint>(nt));
+        for (int64_t r = 0; r < mt; ++r) {
+          const int64_t row = i + r;
+          if (sa.zero[row]) continue;
+          for (int64_t q = 0; q < nt; ++q) {
+            const int64_t col = j + q;
+            if (sb.zero[col]) continue;
+            const double v = tile[r * nt + q];
+            if (v >= small) {
+              c(row, col) += alpha * std::ldexp(v, sa.exponent[row] + sb.exponent[col]);
+              continue;
+            }
+            double exact = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double bv = tb ? b(col, p) : b(p, col);
+              exact += (ta ? a(p, row) : a(row, p)) * (square_b ? bv * bv : bv);
+            }
+            c(row, col) += alpha * exact;
+          }
+        }
       },
       /*dynamic=*/true, kMaxCallingThreads);
 }

@@ -20,6 +20,19 @@ enum class Op { kPlain, kTransposed };
 // memory with A or B; with beta == 0 its values are not read (they may be uninitialised).
 void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, double beta, Matrix& c);
 
+// C += alpha op(A) op(B) for operands with no negative element (squares, variances: the
+// floor's products of squares), alpha >= 0, computed in fp32 at twice the fp64 rate
+// (docs/verification.md, "The reference's products"). Each row of op(A) and each column of
+// op(B) is scaled by a power of two that brings its largest element into [1, 2) (exact), so no
+// operand overflows or underflows for its scale; each element's relative error is then at most
+// about (K + 2) 2^-24 (a sum of K nonnegative terms). Where a computed element is small for its
+// row's and column's scales (below K 2^-99: terms the fp32 range flushed may matter there) it is
+// computed again in fp64 from the operands, and operands with a non-finite element are
+// multiplied in fp64 throughout. Values do not depend on the thread count (the tiles of gemm).
+// `square_b`: op(B)'s elements squared, B given as is (its fp64 square never materialised).
+void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
+                      bool square_b = false);
+
 // alpha op(A) op(B), a new matrix.
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha = 1.0);
 inline Matrix product(const Matrix& a, const Matrix& b) {

@@ -107,7 +107,7 @@ Matrix weight_product_variance(const Matrix& x2, const Matrix& w, Op op_w, const
     for_each_row(x2.rows(), [&](int64_t t) { row_terms(t) += sw2 * x2.row(t).sum(); });
   }
   Matrix v = by_rows((((c + su2) * xw.cwiseAbs2()).array().colwise() + row_terms.array()).matrix());
-  gemm(c + u2, x2, Op::kPlain, sq(w), op_w, 1.0, v);
+  gemm_nonnegative(c + u2, x2, Op::kPlain, w, op_w, v, /*square_b=*/true);
   return v;
 }
 
@@ -165,12 +165,12 @@ void add_composite_variance(Matrix& out, const Matrix& var, const Projection& p,
     // (W + s M)^2 in M's place: element by element, no other copy of a weight-sized matrix.
     for_each_row(m.rows(),
                  [&](int64_t t) { m.row(t) = (p.weight_t.row(t) + s * m.row(t)).cwiseAbs2(); });
-    gemm(1.0, var, Op::kPlain, m, op, 1.0, out);
+    gemm_nonnegative(1.0, var, Op::kPlain, m, op, out);
     return;
   }
   const double c = 1.0 / (1.0 - d.p);
   const Matrix w2 = sq(p.weight_t), wm = by_rows(p.weight_t.cwiseProduct(m)), m2 = sq(m);
-  gemm(1.0, var, Op::kPlain, w2, op, 1.0, out);
+  gemm_nonnegative(1.0, var, Op::kPlain, w2, op, out);
   if (!transposed) {
     const Matrix vm = by_rows(var.cwiseProduct(d.mask));
     gemm(2 * s * c, vm, Op::kPlain, wm, Op::kPlain, 1.0, out);

@@ -1,12 +1,15 @@
 // The reference's tiled products (reference/dense_product.h): each transpose combination
 // against a plain triple loop, shapes at the tiles' edges, alpha/beta, and the same bits
-// whatever the thread count.
+// whatever the thread count; the same for the fp32 products of nonnegative operands, with
+// operands whose elements span more than fp32's range and operands that are not finite.
 #include "reference/dense_product.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 namespace gradscope::reference {
@@ -72,6 +75,96 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DenseProduct,
                                            Shape{2 * kTileRows - 1, 17, 1},
                                            Shape{5, 2 * kTileCols + 3, 9}));
 
+// Squares of normal draws with an all-zero row of op(A) and column of op(B), and one row
+// scaled by 2^300 and one column by 2^-300 (their products scaled alike: no flush).
+Matrix nonnegative(int64_t rows, int64_t cols, uint64_t seed, bool zero_first_row,
+                   bool zero_first_col) {
+  Matrix m = random_matrix(rows, cols, seed).cwiseAbs2();
+  if (zero_first_row) m.row(0).setZero();
+  if (zero_first_col) m.col(0).setZero();
+  if (rows > 2) m.row(rows - 1) *= std::ldexp(1.0, 300);
+  if (cols > 2) m.col(cols - 1) *= std::ldexp(1.0, -300);
+  return m;
+}
+
+TEST_P(DenseProduct, NonnegativeMatchesTheDefinitionToFp32sBound) {
+  const auto [m, n, k] = GetParam();
+  for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
+    for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+      const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
+      const Matrix a = pa ? nonnegative(m, k, 1, true, false) : nonnegative(k, m, 1, false, true);
+      const Matrix b = pb ? nonnegative(k, n, 2, false, true) : nonnegative(n, k, 2, true, false);
+      const Matrix c0 = random_matrix(m, n, 3);
+      Matrix c = c0;
+      gemm_nonnegative(0.5, a, op_a, b, op_b, c);
+      const Matrix exact = 0.5 * naive(a, op_a, b, op_b);
+      // The bound of gemm_nonnegative: (K + 2) 2^-24 of each element, and c0's own rounding.
+      const double rel = double(k + 2) * std::ldexp(1.0, -24);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          const double tol = rel * exact(i, j) + 4e-16 * (std::abs(c0(i, j)) + exact(i, j));
+          ASSERT_LE(std::abs(c(i, j) - c0(i, j) - exact(i, j)), tol)
+              << "element (" << i << ", " << j << ") of m " << m << " n " << n << " k " << k
+              << " op_a " << int(op_a) << " op_b " << int(op_b);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(DenseProduct, NonnegativeSquaresASignedBWithoutMaterialisingIt) {
+  const auto [m, n, k] = GetParam();
+  for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+    const Matrix a = nonnegative(m, k, 8, false, false);
+    Matrix b = op_b == Op::kPlain ? random_matrix(k, n, 9) : random_matrix(n, k, 9);
+    if (b.rows() > 2) b.row(0) *= std::ldexp(1.0, 200);
+    Matrix c = Matrix::Zero(m, n);
+    gemm_nonnegative(2.0, a, Op::kPlain, b, op_b, c, /*square_b=*/true);
+    const Matrix exact = 2.0 * naive(a, Op::kPlain, b.cwiseAbs2(), op_b);
+    const double rel = double(k + 2) * std::ldexp(1.0, -24);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j))
+            << "element (" << i << ", " << j << ") of m " << m << " n " << n << " k " << k
+            << " op_b " << int(op_b);
+      }
+    }
+  }
+  // A square that overflows: the fp64 product of the squares (inf where it reaches).
+  Matrix a = Matrix::Constant(2, 2, 1.0), b = Matrix::Constant(2, 2, 1.0);
+  b(0, 0) = 1e200;
+  Matrix c = Matrix::Zero(2, 2);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c, /*square_b=*/true);
+  EXPECT_TRUE(std::isinf(c(0, 0)) && c(0, 1) == 2.0);
+}
+
+TEST(DenseProduct, NonnegativeComputesFlushedElementsAgainInFp64) {
+  // Row 0 of A: a huge element where B's column 0 is zero and a tiny one where it is not. For
+  // its row's scale the product is 2^-1100: fp32 flushes it, fp64 does not.
+  Matrix a = Matrix::Constant(2, 3, 1.0), b = Matrix::Constant(3, 2, 1.0);
+  a(0, 0) = std::ldexp(1.0, 600);
+  a(0, 1) = std::ldexp(1.0, -500);
+  a(0, 2) = 0.0;
+  b(0, 0) = 0.0;
+  b(1, 0) = 3.0;
+  b(2, 0) = 0.0;
+  Matrix c = Matrix::Zero(2, 2);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+  EXPECT_EQ(c(0, 0), 3.0 * std::ldexp(1.0, -500));
+  EXPECT_EQ(c(1, 0), 3.0);
+  EXPECT_EQ(c(0, 1), std::ldexp(1.0, 600) + std::ldexp(1.0, -500));
+}
+
+TEST(DenseProduct, NonnegativeWithANonFiniteOperandIsTheFp64Product) {
+  Matrix a = nonnegative(5, 7, 6, false, false), b = nonnegative(7, 4, 7, false, false);
+  a(2, 3) = std::numeric_limits<double>::infinity();
+  b(1, 1) = std::numeric_limits<double>::quiet_NaN();
+  Matrix c = Matrix::Zero(5, 4), expected = Matrix::Zero(5, 4);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+  gemm(1.0, a, Op::kPlain, b, Op::kPlain, 1.0, expected);
+  EXPECT_TRUE(same_bits(c, expected));
+}
+
 TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
   // Several tiles each way, and a remainder tile in both.
   const Matrix a = random_matrix(3 * kTileRows + 7, 129, 4);
@@ -84,6 +177,19 @@ TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
     omp_set_num_threads(t);
     many = product(a, b);
     EXPECT_TRUE(same_bits(one, many)) << t << " threads";
+  }
+  // The fp32 products of nonnegative operands, op(A) transposed so its scales run along A's
+  // columns (blocks of columns over the threads).
+  const Matrix a2t = a.cwiseAbs2().transpose(), b2 = b.cwiseAbs2();
+  const Matrix zero = Matrix::Zero(a.rows(), b.cols());
+  Matrix one2 = zero;
+  omp_set_num_threads(1);
+  gemm_nonnegative(1.0, a2t, Op::kTransposed, b2, Op::kPlain, one2);
+  for (const int t : {2, 4}) {
+    omp_set_num_threads(t);
+    Matrix many2 = zero;
+    gemm_nonnegative(1.0, a2t, Op::kTransposed, b2, Op::kPlain, many2);
+    EXPECT_TRUE(same_bits(one2, many2)) << t << " threads";
   }
   omp_set_num_threads(threads);
 }
