@@ -96,11 +96,9 @@ bool scales_of(const Matrix& x, bool along_rows, bool squared, Scales& out) {
 
 // x's elements as floats, each multiplied by 2^-exponent of its row (`along_rows`) or column
 // (a power of two: exact, but where the product is subnormal); same layout as x.
-std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared,
-                                 const Scales& s) {
+std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared, const Scales& s) {
   std::vector<float> out(static_cast<size_t>(x.size()));
-  const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data(),
-                                                       along_rows ? 0 : x.cols());
+  const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data(), along_rows ? 0 : x.cols());
   for_each_row(x.rows(), [&](int64_t r) {
     Eigen::Map<Eigen::ArrayXf> dst(out.data() + r * x.cols(), x.cols());
     const auto src = x.row(r).transpose().array();
@@ -159,8 +157,8 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
       /*dynamic=*/true, kMaxCallingThreads);
 }
 
-void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b,
-                      Matrix& c, bool square_b) {
+void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
+                      bool square_b) {
   const bool ta = op_a == Op::kTransposed, tb = op_b == Op::kTransposed;
   const int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
   const int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
