@@ -115,16 +115,46 @@ std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared,
   return out;
 }
 
+// The shapes of C = op(A) op(B): op(A) [m, k], op(B) [k, n]; throws where they or C's disagree.
+struct ProductShape {
+  bool ta, tb;
+  int64_t m, n, k;
+  ProductShape(const Matrix& a, Op op_a, const Matrix& b, Op op_b, const Matrix& c)
+      : ta(op_a == Op::kTransposed),
+        tb(op_b == Op::kTransposed),
+        m(ta ? a.cols() : a.rows()),
+        n(tb ? b.rows() : b.cols()),
+        k(ta ? a.rows() : a.cols()) {
+    const int64_t kb = tb ? b.cols() : b.rows();
+    if (k != kb || c.rows() != m || c.cols() != n) {
+      throw std::logic_error("reference product: shapes do not match");
+    }
+  }
+};
+
+// C's grid of tiles, fixed by its shape alone, handed to the threads one at a time:
+// body(first row, first column, rows, columns) for each.
+template <class Body>
+void for_each_tile(int64_t m, int64_t n, const Body& body) {
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
+  for_each_row(
+      row_tiles * col_tiles,
+      [&](int64_t t) {
+        const int64_t i = t / col_tiles * kTileRows, j = t % col_tiles * kTileCols;
+        body(i, j, static_cast<blasint>(std::min(kTileRows, m - i)),
+             static_cast<blasint>(std::min(kTileCols, n - j)));
+      },
+      /*dynamic=*/true, kMaxCallingThreads);
+}
+
 }  // namespace
 
 void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, double beta,
           Matrix& c) {
-  const bool ta = op_a == Op::kTransposed, tb = op_b == Op::kTransposed;
-  const int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
-  const int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
-  if (k != kb || c.rows() != m || c.cols() != n) {
-    throw std::logic_error("reference product: shapes do not match");
-  }
+  const ProductShape s(a, op_a, b, op_b, c);
+  const bool ta = s.ta, tb = s.tb;
+  const int64_t m = s.m, n = s.n, k = s.k;
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0) {
@@ -138,33 +168,21 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row"),
                 ldc = dim(c.cols(), "a row");
   const blasint kk = dim(k, "an inner dimension");
-  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
-  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
-  for_each_row(
-      row_tiles * col_tiles,
-      [&](int64_t t) {
-        const int64_t i = t / col_tiles * kTileRows, j = t % col_tiles * kTileCols;
-        const auto mt = static_cast<blasint>(std::min(kTileRows, m - i));
-        const auto nt = static_cast<blasint>(std::min(kTileCols, n - j));
-        // Row-major: op(A)'s rows i.. start at row i of A, or at column i of a transposed A;
-        // op(B)'s columns j.. at column j of B, or at row j of a transposed B.
-        const double* pa = ta ? a.data() + i : a.data() + i * a.cols();
-        const double* pb = tb ? b.data() + j * b.cols() : b.data() + j;
-        scipy_cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                          tb ? CblasTrans : CblasNoTrans, mt, nt, kk, alpha, pa, lda, pb, ldb, beta,
-                          c.data() + i * c.cols() + j, ldc);
-      },
-      /*dynamic=*/true, kMaxCallingThreads);
+  for_each_tile(m, n, [&](int64_t i, int64_t j, blasint mt, blasint nt) {
+    // Row-major: op(A)'s rows i.. start at row i of A, or at column i of a transposed A;
+    // op(B)'s columns j.. at column j of B, or at row j of a transposed B.
+    const double* pa = ta ? a.data() + i : a.data() + i * a.cols();
+    const double* pb = tb ? b.data() + j * b.cols() : b.data() + j;
+    scipy_cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                      mt, nt, kk, alpha, pa, lda, pb, ldb, beta, c.data() + i * c.cols() + j, ldc);
+  });
 }
 
 void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
                       bool square_b) {
-  const bool ta = op_a == Op::kTransposed, tb = op_b == Op::kTransposed;
-  const int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
-  const int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
-  if (k != kb || c.rows() != m || c.cols() != n) {
-    throw std::logic_error("reference product: shapes do not match");
-  }
+  const ProductShape s(a, op_a, b, op_b, c);
+  const bool ta = s.ta, tb = s.tb;
+  const int64_t m = s.m, n = s.n, k = s.k;
   if (m == 0 || n == 0 || k == 0) return;
   // op(A)'s rows are A's rows, or its columns when transposed; op(B)'s columns likewise.
   Scales sa, sb;
@@ -179,41 +197,32 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
   const blasint kk = dim(k, "an inner dimension");
   // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
   const double small = std::ldexp(static_cast<double>(k), -99);
-  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
-  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
-  for_each_row(
-      row_tiles * col_tiles,
-      [&](int64_t t) {
-        const int64_t i = t / col_tiles * kTileRows, j = t % col_tiles * kTileCols;
-        const int64_t mt = std::min(kTileRows, m - i), nt = std::min(kTileCols, n - j);
-        const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
-        const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
-        std::vector<float> tile(static_cast<size_t>(mt * nt));
-        scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                          tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(mt),
-                          static_cast<blasint>(nt), kk, 1.0f, pa, lda, pb, ldb, 0.0f, tile.data(),
-                          static_cast<blasint>(nt));
-        for (int64_t r = 0; r < mt; ++r) {
-          const int64_t row = i + r;
-          if (sa.zero[row]) continue;
-          for (int64_t q = 0; q < nt; ++q) {
-            const int64_t col = j + q;
-            if (sb.zero[col]) continue;
-            const double v = tile[r * nt + q];
-            if (v >= small) {
-              c(row, col) += alpha * std::ldexp(v, sa.exponent[row] + sb.exponent[col]);
-              continue;
-            }
-            double exact = 0;
-            for (int64_t p = 0; p < k; ++p) {
-              const double bv = tb ? b(col, p) : b(p, col);
-              exact += (ta ? a(p, row) : a(row, p)) * (square_b ? bv * bv : bv);
-            }
-            c(row, col) += alpha * exact;
-          }
+  for_each_tile(m, n, [&](int64_t i, int64_t j, blasint mt, blasint nt) {
+    const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
+    const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
+    std::vector<float> tile(static_cast<size_t>(mt) * nt);
+    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                      mt, nt, kk, 1.0f, pa, lda, pb, ldb, 0.0f, tile.data(), nt);
+    for (int64_t r = 0; r < mt; ++r) {
+      const int64_t row = i + r;
+      if (sa.zero[row]) continue;
+      for (int64_t q = 0; q < nt; ++q) {
+        const int64_t col = j + q;
+        if (sb.zero[col]) continue;
+        const double v = tile[r * nt + q];
+        if (v >= small) {
+          c(row, col) += alpha * std::ldexp(v, sa.exponent[row] + sb.exponent[col]);
+          continue;
         }
-      },
-      /*dynamic=*/true, kMaxCallingThreads);
+        double exact = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double bv = tb ? b(col, p) : b(p, col);
+          exact += (ta ? a(p, row) : a(row, p)) * (square_b ? bv * bv : bv);
+        }
+        c(row, col) += alpha * exact;
+      }
+    }
+  });
 }
 
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha) {
