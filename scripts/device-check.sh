@@ -15,6 +15,7 @@
 # (default 5-10), one queue per GPU, within SEEDS_SECONDS; SEED_FILES picks the files,
 # default those without 70B shapes; "profile": Nsight Compute on the 4-bit 8192 x 28672
 # dequant kernel with act-order on and off, and on each adapter kernel at rank 16);
+# "gpu_whole": the gpu suite in one process, with its peak host memory;
 # GPU_FILES picks case files (default all). STEPS=all runs every step but killmatrix and
 # seeds (fsdp only where there are 2 GPUs), most telling first. The whole script, configure
 # and build included, stays within CHECK_SECONDS (default 570, inside one 10-minute device
@@ -68,6 +69,10 @@ for file in ${GPU_FILES-cases/gpu/*.toml}; do
   run "gpu_$name" timeout "$left" "$BUILD_DIR/gradscope" run "$file" --device cuda \
     --filter "${GPU_FILTER:-*}" --json "$OUT/gpu_$name.json"
 done
+# The whole gpu suite as a user's gate runs it: one process, every case file, the process's
+# peak host memory (docs/performance.md, "The gpu suite and the kill matrix on the H200").
+has_step gpu_whole && run gpu_whole python3 scripts/peak-rss.py "$BUILD_DIR/gradscope" run \
+  --suite gpu --device cuda --json "$OUT/gpu_whole.json"
 if has_step bugs; then
   # The third-party bugs (tests/python/third_party_bugs.py, tail_and_pair_bugs.py) through the
   # Python package, every run on CUDA: each must fail, the correct namespace pass.
