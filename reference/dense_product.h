@@ -25,7 +25,8 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
 // (docs/verification.md, "The reference's products"). Each row of op(A) and each column of
 // op(B) is scaled by a power of two that brings its largest element into [1, 2) (exact), so no
 // operand overflows or underflows for its scale; each element's relative error is then at most
-// about (K + 2) 2^-24 (a sum of K nonnegative terms). Where a computed element is small for its
+// about (K + 3) 2^-24 (a sum of K nonnegative terms, its terms subnormal in fp32 flushed to
+// zero: they would run the FMA units through microcode). Where a computed element is small for its
 // row's and column's scales (below K 2^-99: terms the fp32 range flushed may matter there) it is
 // computed again in fp64 from the operands, and operands with a non-finite element are
 // multiplied in fp64 throughout. Values do not depend on the thread count (the tiles of gemm).

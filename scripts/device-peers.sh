@@ -40,7 +40,8 @@ PY
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release &&
   cmake --build "$BUILD_DIR" -j "$(nproc)"; } >"$OUT/build.log" 2>&1 ||
   { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/$BUILD_DIR/python
+# The OpenBLAS wheel carried in .devdeps (scripts/fill-devdeps.sh): the package imports it.
+export PYTHONPATH=$PWD/$BUILD_DIR/python:$PWD/.devdeps/python
 status=0
 peer_run() {  # peer_run NAME NAMESPACE MODULE FILES...
   local name=$1 ns=$2 module=$3; shift 3

@@ -12,6 +12,11 @@
 #include <limits>
 #include <random>
 
+#if defined(__SSE__)
+#include <pmmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 namespace gradscope::reference {
 namespace {
 
@@ -163,6 +168,35 @@ TEST(DenseProduct, NonnegativeWithANonFiniteOperandIsTheFp64Product) {
   gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
   gemm(1.0, a, Op::kPlain, b, Op::kPlain, 1.0, expected);
   EXPECT_TRUE(same_bits(c, expected));
+}
+
+// The fp32 products run with subnormals flushed (FTZ/DAZ): the elements whose terms were
+// subnormal in fp32 stay within the bound, and afterwards no thread flushes (the reference's
+// fp64 values go down to subnormals).
+TEST(DenseProduct, NonnegativeLeavesEveryThreadsSubnormalsAsTheyWere) {
+  // Several tiles, so that the pool's threads take some; in row i of A and column j of B, half
+  // the elements are 2^-70 of the largest: their products (2^-140) are subnormal in fp32.
+  const int64_t m = 2 * kTileRows + 1, n = 2 * kTileCols + 1, k = 64;
+  Matrix a = nonnegative(m, k, 10, false, false), b = nonnegative(k, n, 11, false, false);
+  for (int64_t p = 0; p < k; p += 2) {
+    a.col(p) *= std::ldexp(1.0, -70);
+    b.row(p) *= std::ldexp(1.0, -70);
+  }
+  Matrix c = Matrix::Zero(m, n);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+  const Matrix exact = naive(a, Op::kPlain, b, Op::kPlain);
+  const double rel = double(k + 3) * std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j)) << "element " << i << ", " << j;
+    }
+  }
+#if defined(__SSE__)
+  int flushing_threads = 0;
+#pragma omp parallel reduction(+ : flushing_threads)
+  flushing_threads += (_mm_getcsr() & (_MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON)) != 0;
+  EXPECT_EQ(flushing_threads, 0);
+#endif
 }
 
 TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
