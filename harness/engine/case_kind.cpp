@@ -2,6 +2,8 @@
 
 #include "harness/common/input_error.h"
 
+#include <future>
+
 #ifdef GRADSCOPE_WITH_CUDA
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -76,28 +78,48 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
   const PhasePlan plan = testbed->plan();
   const bool cuda = spec.get_string("device") == "cuda";
   CaseResult out;
-  // prod and base on CUDA also record their peak device memory.
-  const auto phase = [&](const char* name, bool device_memory, void (Testbed::*run)()) {
-    PhaseTimer timer(cuda, device_memory);
+  // prod and base on CUDA also record their peak device memory. Each side writes its own
+  // metrics, merged in phase order below.
+  const auto phase = [&](const char* name, bool on_device, bool device_memory, Metrics& metrics,
+                         void (Testbed::*run)()) {
+    PhaseTimer timer(on_device, device_memory);
     (testbed.get()->*run)();
-    timer.finish(name, out.metrics);
+    timer.finish(name, metrics);
   };
+  Metrics implementation_metrics, judge_metrics;
   const auto implementations = [&] {
-    phase("prod", true, &Testbed::prod);
-    if (plan.base) phase("base", true, &Testbed::base);
+    phase("prod", cuda, true, implementation_metrics, &Testbed::prod);
+    if (plan.base) phase("base", cuda, true, implementation_metrics, &Testbed::base);
   };
+  // The judges compute on the host: their timers need not wait for the device.
   const auto judges = [&] {
-    phase("ref", false, &Testbed::ref);
-    if (plan.floor) phase("floor", false, &Testbed::floor);
+    phase("ref", false, false, judge_metrics, &Testbed::ref);
+    if (plan.floor) phase("floor", false, false, judge_metrics, &Testbed::floor);
   };
-  phase("generate", false, &Testbed::generate);
+  phase("generate", cuda, false, out.metrics, &Testbed::generate);
   if (plan.judges_first) {
     judges();
     implementations();
+  } else if (options.overlap_judges.value_or(cuda)) {
+    // prod and base run on the GPU while the fp64 reference and the floor run on the host
+    // threads: neither reads what the other writes (docs/architecture.md, "The case engine").
+    auto judged = std::async(std::launch::async, judges);
+    try {
+      implementations();
+    } catch (...) {
+      judged.wait();  // the judges use the testbed: it outlives them
+      throw;
+    }
+    judged.get();
   } else {
     implementations();
     judges();
   }
+  const auto merge = [&](const Metrics& m) {
+    out.metrics.insert(out.metrics.end(), m.begin(), m.end());
+  };
+  merge(plan.judges_first ? judge_metrics : implementation_metrics);
+  merge(plan.judges_first ? implementation_metrics : judge_metrics);
   testbed->verify(out);
   return out;
 }
