@@ -122,9 +122,9 @@ std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared,
 // For its lifetime, the calling thread's SSE/AVX arithmetic treats subnormal fp32 inputs and
 // results as zero (FTZ and DAZ), then the thread's previous mode is restored. A product of two
 // elements small for their row's and column's scales is subnormal in fp32, and each one costs
-// the FMA units a microcode assist: a case with outlier channels spent 4x its time there
-// (docs/performance.md). Flushing loses at most k 2^-125 of an element in the scales' units,
-// 2^-26 of any element not computed again in fp64 (docs/verification.md).
+// the FMA units a microcode assist, several times the cost of the product itself with outlier
+// channels (docs/performance.md). Flushing loses at most k 2^-125 of an element in the scales'
+// units, 2^-26 of any element not computed again in fp64 (docs/verification.md).
 class FlushSubnormals {
  public:
 #if defined(__SSE__)

@@ -101,11 +101,13 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
     judges();
     implementations();
   } else if (options.overlap_judges.value_or(cuda)) {
-    // prod and base run on the GPU while the fp64 reference and the floor run on the host
-    // threads: neither reads what the other writes (docs/architecture.md, "The case engine").
+    // prod first, alone: an implementation that declines the case (impl::Unsupported) costs no
+    // reference. Then the baseline on the GPU while the fp64 reference and the floor run on the
+    // host threads; neither reads what the other writes (docs/architecture.md, "The case engine").
+    phase("prod", cuda, true, implementation_metrics, &Testbed::prod);
     auto judged = std::async(std::launch::async, judges);
     try {
-      implementations();
+      if (plan.base) phase("base", cuda, true, implementation_metrics, &Testbed::base);
     } catch (...) {
       judged.wait();  // the judges use the testbed: it outlives them
       throw;

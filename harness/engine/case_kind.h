@@ -23,8 +23,8 @@ class ProcessRanks;
 
 struct RunOptions {
   bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
-  // ref and floor on a host thread beside prod and base (class Testbed); unset: on CUDA only,
-  // where the implementations are device work. Set for a CPU case by the tests of that overlap.
+  // ref and floor on a host thread beside base (PhasePlan); unset: on CUDA only, where the
+  // baseline is device work. Set for a CPU case by the tests of that overlap.
   std::optional<bool> overlap_judges;
   // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
   std::string impl = "gradscope";
@@ -51,7 +51,7 @@ struct CaseResult {
 // test (prod) and the unfused baseline (base), run the fp64 reference (ref) and the rounding
 // noise model of a careful implementation (floor), then verify. The kind's state between
 // phases lives in its Testbed. On CUDA, unless judges_first, ref and floor run on a host
-// thread while prod and base run: neither pair may write what the other reads.
+// thread while base runs (after prod): neither may write what the other reads.
 struct PhasePlan {
   bool base = true;           // the kind runs a baseline
   bool floor = true;          // and a floor apart from the reference
