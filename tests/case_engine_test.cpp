@@ -1,6 +1,6 @@
 // The case engine's phases (harness/engine/case_kind.h): the judges (ref, floor) run beside the
-// implementations (prod, base) change no check of any kind that allows it, and the metrics keep
-// their phase order.
+// baseline (after prod) change no check of any kind that allows it, and the metrics come in the
+// same order as when the phases run one after another.
 #include <gtest/gtest.h>
 
 #include <string>
