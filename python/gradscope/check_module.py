@@ -192,12 +192,19 @@ def _rms_norm_eps(layer: torch.nn.Module) -> float:
         if e is None or weight is None:
             raise ModuleRefused(f"{name} ({type(norm).__name__}): no weight and variance_epsilon; "
                                 "the reference models Hugging Face's RMSNorm")
+        # Probed in the norm's own dtype, within a few of its roundings (a fused norm may round
+        # x / rms(x) to that dtype before the weight's product, as Hugging Face's does in a
+        # half-precision model); x is offset from zero so that a mean-centring norm is told apart.
+        dtype = weight.dtype if weight.dtype.is_floating_point else torch.float32
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(3, weight.shape[0], generator=g).to(weight.device)
-        expected = weight.float() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e))
+        x = (torch.randn(3, weight.shape[0], generator=g, dtype=torch.float64) + 1.0).to(dtype)
+        x64 = x.double()
+        rms = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + e)
+        expected = weight.detach().double().cpu() * x64 * rms
         with torch.no_grad():
-            got = norm(x).float()
-        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            got = norm(x.to(weight.device)).double().cpu()
+        tol = max(1e-4, 4 * torch.finfo(dtype).eps)
+        if not torch.allclose(got, expected, rtol=tol, atol=tol * float(expected.abs().max())):
             raise ModuleRefused(f"{name} ({type(norm).__name__}) does not compute weight * x / "
                                 "sqrt(mean(x^2) + eps): the reference models Llama's RMSNorm")
         eps[name] = float(e)

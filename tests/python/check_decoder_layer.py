@@ -18,7 +18,8 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
    q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
    head_dim that does not divide hidden into the heads, a partial rotary factor, gradient
-   checkpointing.
+   checkpointing, a norm that centres its rows. A fused RMSNorm that rounds x / rms(x) to an fp16
+   or bf16 weight's dtype before the product (as unsloth's and FOAK's do) is accepted.
 """
 import sys
 
@@ -35,6 +36,21 @@ from gradscope.check_module import _captured_inputs
 
 
 DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+
+
+def fused_norms(layer, centred=False):
+    """The layer's two RMSNorms replaced the way a fused kernel patches them (unsloth's, FOAK's):
+    x / rms(x) in fp32, rounded to the weight's dtype, times the weight; `centred` subtracts the
+    row's mean first (a LayerNorm without bias: not what the reference models)."""
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        def forward(x, norm=norm):
+            xf = x.float()
+            if centred:
+                xf = xf - xf.mean(-1, keepdim=True)
+            rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+            return (xf * rms).to(norm.weight.dtype) * norm.weight
+        norm.forward = forward
+    return layer
 
 
 def with_lora(layer, sizes=LLAMA_SIZES, bias=lambda name: False, p=0.0):
@@ -167,8 +183,14 @@ def main():
     checkpointed = with_lora(LlamaDecoderLayer(llama_config(), 0))
     checkpointed.gradient_checkpointing = True
     expect_refusal(checkpointed, "gradient checkpointing is on")
+    for dtype, name in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+        half = with_lora(LlamaDecoderLayer(llama_config(), 0)).to(dtype)
+        gradscope.check_module(fused_norms(half), dtypes=[name])
+        expect_refusal(fused_norms(with_lora(LlamaDecoderLayer(llama_config(), 0)).to(dtype),
+                                   centred=True), "does not compute weight * x / sqrt(mean(x^2)")
     print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral "
-          "pass; two planted bugs fail by parameter path; seven unmodelled layers refused by name")
+          "pass; two planted bugs fail by parameter path; eight unmodelled layers refused by "
+          "name; fused half-precision norms accepted")
 
 
 if __name__ == "__main__":
