@@ -71,7 +71,8 @@ struct Operand {
 // [M, K] and op(B) [K, N]: the operands' errors carried through the product,
 // var_A (B o B) + (A o A) var_B, and the accumulation's own, u^2 K/2 ((A o A)(B o B) + (AB)^2),
 // with AB = ab_factor * ab (`ab` the product as the reference holds it, e.g. scaled).
-// (c (A o A) + var_A) shares one product with (B o B).
+// (c (A o A) + var_A) shares one product with (B o B); with A exact, (A o A) multiplies
+// (c (B o B) + var_B) once.
 Matrix product_variance(const Operand& a, const Operand& b, const Matrix& ab, double ab_factor,
                         const Format& acc, double alpha = 1.0) {
   const int64_t k = a.op == Op::kPlain ? a.value.cols() : a.value.rows();
@@ -83,10 +84,12 @@ Matrix product_variance(const Operand& a, const Operand& b, const Matrix& ab, do
   Matrix v = by_rows(((c_ab * ab.cwiseAbs2()).array() + f).matrix());
   if (a.var) {
     gemm(alpha, by_rows(c * sa + *a.var), a.op, sb, b.op, 1.0, v);
+    if (b.var) gemm(alpha, sa, a.op, *b.var, b.op, 1.0, v);
+  } else if (b.var) {
+    gemm(alpha, sa, a.op, by_rows(c * sb + *b.var), b.op, 1.0, v);
   } else {
     gemm(alpha * c, sa, a.op, sb, b.op, 1.0, v);
   }
-  if (b.var) gemm(alpha, sa, a.op, *b.var, b.op, 1.0, v);
   return v;
 }
 
@@ -556,9 +559,11 @@ namespace {
 
 // sum_j A_ij (X_jd - Y_id)^2 for A [m, c], X [c, d], Y [m, d]: the spread of X's rows about
 // Y_i weighted by A's row i, expanded into products: (A X^2) - 2 Y o (A X) + Y^2 o rowsum(A).
-Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y) {
+// `ax`: A X where the caller holds it (for Y = A X itself, e.g. O = P V), not computed again.
+Matrix centred_spread(const Matrix& a, const Matrix& x, const Matrix& y,
+                      const Matrix* ax = nullptr) {
   Matrix out = product(a, sq(x));
-  out -= 2 * y.cwiseProduct(product(a, x));
+  out -= 2 * y.cwiseProduct(ax ? *ax : product(a, x));
   out += (y.cwiseAbs2().array().colwise() * a.rowwise().sum().array()).matrix();
   return out.cwiseMax(0.0);
 }
@@ -626,9 +631,10 @@ AttentionTile attention_tile(const Head& h, int64_t i0, int64_t i1, const Format
   return t;
 }
 
-// Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to.
-Matrix key_spread(const AttentionTile& t) {
-  return centred_spread(t.p, t.k, product(t.p, t.k));
+// Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to, about
+// their mean Kbar = P K.
+Matrix key_spread(const AttentionTile& t, const Matrix& kbar) {
+  return centred_spread(t.p, t.k, kbar, &kbar);
 }
 
 // Row j of the result: sum_{i >= j} x_i (row n: zero), for the masked keys' share of a sum.
@@ -668,21 +674,25 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
       // Q_i's error reaches every score of row i: bounded by Cauchy-Schwarz over the keys,
       // var <= scale^2 (sum_j P_ij (V_jd - O_id)^2) (sum_e var_Q_ie Kv_ie).
       if (a.vq.size() > 0) {
-        const Eigen::VectorXd t = (a.vq.cwiseProduct(key_spread(a))).rowwise().sum();
+        const Eigen::VectorXd t =
+            (a.vq.cwiseProduct(key_spread(a, product(a.p, a.k)))).rowwise().sum();
         v_o += (h.scale * h.scale) *
-               (centred_spread(a.p, a.v, a.o).array().colwise() * t.array()).matrix();
+               (centred_spread(a.p, a.v, a.o, &a.o).array().colwise() * t.array()).matrix();
       }
-      if (a.vv.size() > 0) v_o += product(p2, a.vv);  // V_j's error through P_ij
-      // P rounded into the activation format before the product (a masked key's exact zero
-      // still counts the format's subnormal term, as every stored value does); the
-      // normalising sum of i + 1 positive terms (a relative error shared by the row); O's
-      // accumulation and rounding.
-      v_o += product(rounding_variance(a.p, act), v2t);
-      if (i1 < n) v_o.rowwise() += sub2 * v2_after.row(i1);
+      // In one product with P o P: V_j's error through P_ij; P rounded into the activation
+      // format before the product (u^2 P^2; the format's subnormal term, which a masked key's
+      // exact zero counts too as every stored value does, is added from V^2's column sums);
+      // O's accumulation (u^2 n (P^2 V^2 + O^2)). Then the normalising sum of i + 1 positive
+      // terms (a relative error shared by the row) and O's rounding.
+      const double acc_n = accumulation(acc, n);
+      Matrix through_p2 = (act.unit_roundoff * act.unit_roundoff + acc_n) * v2t;
+      if (a.vv.size() > 0) through_p2 += a.vv;
+      v_o += product(p2, through_p2);
+      v_o.rowwise() += sub2 * v2_after.row(0);
       Eigen::VectorXd row_sum(m);
       for (int64_t r = 0; r < m; ++r) row_sum(r) = ua2 * static_cast<double>(i0 + r + 2);
       v_o += (a.o.cwiseAbs2().array().colwise() * row_sum.array()).matrix();
-      v_o += accumulation(acc, n) * (product(p2, v2t) + a.o.cwiseAbs2());
+      v_o += acc_n * a.o.cwiseAbs2();
       var.block(b * n + i0, hd * d, m, d) = v_o + rounding_variance(a.o, act);
     }
   });
@@ -737,9 +747,10 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
       const Matrix kbar = product(p, a.k);
       // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
       // seen through dO_i.
-      Matrix e = product_variance({doh_t}, {a.v, Op::kTransposed}, dp, 1.0, acc);
+      Matrix e =
+          product_variance({doh_t, Op::kPlain, nullptr, &do2_t},
+                           {a.v, Op::kTransposed, a.vv.size() > 0 ? &a.vv : nullptr}, dp, 1.0, acc);
       add_by_rows(e, rounding_variance(dp, act));
-      if (a.vv.size() > 0) e += product(do2_t, Op::kPlain, a.vv, Op::kTransposed);
       // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
       const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
       const Matrix var_ds_e =
@@ -769,42 +780,43 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
       // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
       const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
       const Matrix ds2 = sq(ds);
+      // (The rest of dS and dQ's accumulation, u^2 n dS^2, share one product with K^2.)
       Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
-      v_dq += product(var_ds_rest, Op::kPlain, k2t, Op::kPlain, s2);
+      v_dq += product(by_rows(var_ds_rest + acc_n * ds2), Op::kPlain, k2t, Op::kPlain, s2);
       if (i1 < n) v_dq.rowwise() += (s2 * sub2) * k2_after.row(i1);
       if (a.vk.size() > 0) v_dq += product(ds2, Op::kPlain, a.vk, Op::kPlain, s2);
       if (vdo_t.size() > 0) {
-        const Eigen::VectorXd w = (vdo_t.cwiseProduct(centred_spread(p, a.v, a.o))).rowwise().sum();
-        v_dq += s2 * (key_spread(a).array().colwise() * w.array()).matrix();
+        const Eigen::VectorXd w =
+            (vdo_t.cwiseProduct(centred_spread(p, a.v, a.o, &a.o))).rowwise().sum();
+        v_dq += s2 * (key_spread(a, kbar).array().colwise() * w.array()).matrix();
       }
-      v_dq += s2 * acc_n * (product(ds2, k2t) + (dqh / scale).cwiseAbs2());
+      v_dq += (s2 * acc_n) * (dqh / scale).cwiseAbs2();
       out.dq_value.block(b * n + i0, hd * d, m, d) = dqh;
       out.dq.block(b * n + i0, hd * d, m, d) = v_dq + rounding_variance(dqh, act);
-      const Matrix var_ds = var_ds_e + var_ds_rest;
 
       // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
-      // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; Q's own error.
+      // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; dK's accumulation,
+      // u^2 n dS^2 Q^2 (these three in one product with Q^2); Q's own error.
       dk.topRows(i1) += product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
-      v_dk.topRows(i1) += product(var_ds, Op::kTransposed, q2_t, Op::kPlain, s2);
+      Matrix through_q2 = by_rows(var_ds_e + var_ds_rest + acc_n * ds2);
       if (i1 < n) v_dk.bottomRows(n - i1).rowwise() += (s2 * sub2) * q2_t.colwise().sum();
       if (vdo_t.size() > 0) {
         // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
         Matrix g = product(vdo_t, Op::kPlain, Matrix(v2.topRows(i1)), Op::kTransposed);
         g -= product(vdo_t.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
         g.colwise() += vdo_t.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
-        v_dk.topRows(i1) +=
-            product(p2.cwiseProduct(g.cwiseMax(0.0)), Op::kTransposed, q2_t, Op::kPlain, s2);
+        through_q2 += p2.cwiseProduct(g.cwiseMax(0.0));
       }
+      v_dk.topRows(i1) += product(through_q2, Op::kTransposed, q2_t, Op::kPlain, s2);
       if (a.vq.size() > 0) {
         v_dk.topRows(i1) += product(ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
       }
-      v_dk.topRows(i1) += s2 * acc_n * product(ds2, Op::kTransposed, q2_t, Op::kPlain);
 
-      // dV = P^T dO: dO's error exactly, P's element by element, the accumulation.
+      // dV = P^T dO: P's error element by element and the accumulation (one product with
+      // dO^2), dO's error exactly.
       dv.topRows(i1) += product(p, Op::kTransposed, doh_t, Op::kPlain);
-      v_dv.topRows(i1) += product(var_p, Op::kTransposed, do2_t, Op::kPlain);
+      v_dv.topRows(i1) += product(by_rows(var_p + acc_n * p2), Op::kTransposed, do2_t, Op::kPlain);
       if (vdo_t.size() > 0) v_dv.topRows(i1) += product(p2, Op::kTransposed, vdo_t, Op::kPlain);
-      v_dv.topRows(i1) += acc_n * product(p2, Op::kTransposed, do2_t, Op::kPlain);
     }
     v_dk += s2 * acc_n * (dk / scale).cwiseAbs2();
     v_dv += acc_n * dv.cwiseAbs2();
