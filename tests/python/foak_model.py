@@ -15,7 +15,8 @@ each RMSNorm. Runs:
 2. No dropout, module by module, and the model end to end: each MLP's fused backward raises,
    in its module check and end to end.
 3. No dropout, FOAK's MLP patch taken off: the fused q/k/v, o_proj and RMSNorm judged end to
-   end and layer by layer on the model's activations (printed: what they show is the finding).
+   end and layer by layer on the model's activations (every layer passes: asserted); then end
+   to end again with the final norm (outside every decoder layer) back to transformers' own.
 Runs 1 and 2 assert what docs/peers.md found per op, per layer.
 """
 import functools
@@ -97,9 +98,14 @@ def main():
         del layer.mlp.__dict__["forward"]  # the class's MLP forward over peft's LoRA linears
     run("3a. no dropout, FOAK's MLP patch off, module by module and end to end",
         lambda: gradscope.check_model(model, dtypes=["fp16"], raise_on_failure=False))
-    run("3b. the same, layer by layer on the model's activations",
-        lambda: gradscope.check_model(model, dtypes=["fp16"], by="layer", inputs="model",
-                                      end_to_end=False, raise_on_failure=False))
+    report = run("3b. the same, layer by layer on the model's activations",
+                 lambda: gradscope.check_model(model, dtypes=["fp16"], by="layer", inputs="model",
+                                               end_to_end=False, raise_on_failure=False))
+    assert report.passed, failing(report)  # FOAK's fused q/k/v, o_proj and RMSNorm, per layer
+    # The final norm back to transformers' own (it sits outside every decoder layer).
+    print("final norm patched by FOAK:", model.model.norm.__dict__.pop("forward", None) is not None)
+    run("3c. the same, the final norm's FOAK patch also off, end to end",
+        lambda: gradscope.check_model(model, dtypes=["fp16"], raise_on_failure=False))
 
 
 if __name__ == "__main__":
