@@ -657,7 +657,8 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
     const int64_t b = bh / s.heads, hd = bh % s.heads;
     const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
-    const Matrix v2 = sq(h.v), v2_after = suffix_sums(v2);
+    const Matrix v2 = sq(h.v);
+    const Eigen::RowVectorXd v2_sum = v2.colwise().sum();
     for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
       const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
       const auto a = attention_tile(h, i0, i1, act, acc);
@@ -682,13 +683,13 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
       // In one product with P o P: V_j's error through P_ij; P rounded into the activation
       // format before the product (u^2 P^2; the format's subnormal term, which a masked key's
       // exact zero counts too as every stored value does, is added from V^2's column sums);
-      // O's accumulation (u^2 n (P^2 V^2 + O^2)). Then the normalising sum of i + 1 positive
-      // terms (a relative error shared by the row) and O's rounding.
+      // O's accumulation (accumulation(acc, n) (P^2 V^2 + O^2)). Then the normalising sum of i + 1
+      // positive terms (a relative error shared by the row) and O's rounding.
       const double acc_n = accumulation(acc, n);
       Matrix through_p2 = (act.unit_roundoff * act.unit_roundoff + acc_n) * v2t;
       if (a.vv.size() > 0) through_p2 += a.vv;
       v_o += product(p2, through_p2);
-      v_o.rowwise() += sub2 * v2_after.row(0);
+      v_o.rowwise() += sub2 * v2_sum;
       Eigen::VectorXd row_sum(m);
       for (int64_t r = 0; r < m; ++r) row_sum(r) = ua2 * static_cast<double>(i0 + r + 2);
       v_o += (a.o.cwiseAbs2().array().colwise() * row_sum.array()).matrix();
@@ -780,7 +781,8 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
       // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
       const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
       const Matrix ds2 = sq(ds);
-      // (The rest of dS and dQ's accumulation, u^2 n dS^2, share one product with K^2.)
+      // (The rest of dS and dQ's accumulation, accumulation(acc, n) dS^2, share one product with
+      // K^2.)
       Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
       v_dq += product(by_rows(var_ds_rest + acc_n * ds2), Op::kPlain, k2t, Op::kPlain, s2);
       if (i1 < n) v_dq.rowwise() += (s2 * sub2) * k2_after.row(i1);
@@ -796,7 +798,7 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
 
       // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
       // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; dK's accumulation,
-      // u^2 n dS^2 Q^2 (these three in one product with Q^2); Q's own error.
+      // accumulation(acc, n) dS^2 Q^2 (these three in one product with Q^2); Q's own error.
       dk.topRows(i1) += product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
       Matrix through_q2 = by_rows(var_ds_e + var_ds_rest + acc_n * ds2);
       if (i1 < n) v_dk.bottomRows(n - i1).rowwise() += (s2 * sub2) * q2_t.colwise().sum();

@@ -18,8 +18,9 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
 5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
    q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
    head_dim that does not divide hidden into the heads, a partial rotary factor, gradient
-   checkpointing, a norm that centres its rows. A fused RMSNorm that rounds x / rms(x) to an fp16
-   or bf16 weight's dtype before the product (as unsloth's and FOAK's do) is accepted.
+   checkpointing, a norm that centres its rows (fp32, fp16, bf16). A fused RMSNorm that rounds
+   x / rms(x) to an fp16 or bf16 weight's dtype before the product (as unsloth's and FOAK's do)
+   is accepted, its norm weights other than ones.
 """
 import sys
 
@@ -183,11 +184,18 @@ def main():
     checkpointed = with_lora(LlamaDecoderLayer(llama_config(), 0))
     checkpointed.gradient_checkpointing = True
     expect_refusal(checkpointed, "gradient checkpointing is on")
-    for dtype, name in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
-        half = with_lora(LlamaDecoderLayer(llama_config(), 0)).to(dtype)
-        gradscope.check_module(fused_norms(half), dtypes=[name])
-        expect_refusal(fused_norms(with_lora(LlamaDecoderLayer(llama_config(), 0)).to(dtype),
-                                   centred=True), "does not compute weight * x / sqrt(mean(x^2)")
+    for dtype, name in ((torch.float32, "fp32"), (torch.float16, "fp16"),
+                        (torch.bfloat16, "bf16")):
+        def fused(centred=False):
+            layer = with_lora(LlamaDecoderLayer(llama_config(), 0))
+            if dtype != torch.float32:  # (an fp32 layer keeps its bases' fp16 scales)
+                layer = layer.to(dtype)
+            with torch.no_grad():  # norm weights other than ones: their product rounds too
+                for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                    norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
+            return fused_norms(layer, centred)
+        gradscope.check_module(fused(), dtypes=[name])
+        expect_refusal(fused(centred=True), "does not compute weight * x / sqrt(mean(x^2)")
     print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral "
           "pass; two planted bugs fail by parameter path; eight unmodelled layers refused by "
           "name; fused half-precision norms accepted")
