@@ -249,6 +249,30 @@ TEST(RoundingNoise, AttentionTileSizeChangesNoValue) {
   }
 }
 
+// Every stored probability, a masked key's exact zero included, carries the activation
+// format's subnormal term into O through V^2 (docs/verification.md). Row 0 attends to key 0
+// alone (its own spread about O_0 = V_0 is zero), so the subnormal term adds exactly
+// sub^2 (sum over all keys of V_jd^2 + 1: O's own rounding) to its variance.
+TEST(RoundingNoise, AttentionCountsEveryKeysSubnormalTerm) {
+  const AttentionShape s{1, 9, 1, 1, 4};
+  const Matrix q = random_matrix(9, 4, 81), k = random_matrix(9, 4, 82),
+               v = random_matrix(9, 4, 83);
+  const Matrix exact = Matrix::Zero(9, 4);
+  const double sub = 1e-3;
+  const Format with{0x1.0p-11, sub}, without{0x1.0p-11, 0}, acc{0x1.0p-24, 0};
+  for (const int64_t tile : {int64_t{1}, int64_t{4}, int64_t{9}}) {
+    const Matrix a =
+        attention_forward_variance(q, k, v, exact, exact, exact, s, with, acc, nullptr, tile);
+    const Matrix b =
+        attention_forward_variance(q, k, v, exact, exact, exact, s, without, acc, nullptr, tile);
+    for (int64_t d = 0; d < 4; ++d) {
+      const double expected = sub * sub * (v.col(d).squaredNorm() + 1);
+      EXPECT_NEAR(a(0, d) - b(0, d), expected, 1e-9 * expected)
+          << "tile of " << tile << " rows, column " << d;
+    }
+  }
+}
+
 TEST(RoundingNoise, RoundingTermsOfOneProjection) {
   // Exact inputs and exact weights in a format with u = 2^-11 and no subnormal term: the
   // output's variance is the weight rounding (u^2 sum_k x_k^2 W_kj^2) plus the stored
