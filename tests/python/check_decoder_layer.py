@@ -198,7 +198,7 @@ def main():
         expect_refusal(fused(centred=True), "does not compute weight * x / sqrt(mean(x^2)")
     print(f"check_module on decoder layers ({DEVICE}): Llama (SDPA and eager) and Mistral "
           "pass; two planted bugs fail by parameter path; eight unmodelled layers refused by "
-          "name; fused half-precision norms accepted")
+          "name; fused norms in fp32, fp16 and bf16 accepted")
 
 
 if __name__ == "__main__":
