@@ -36,6 +36,8 @@ blasint dim(int64_t v, const char* what) {
   return static_cast<blasint>(v);
 }
 
+using FloatRows = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 // The power-of-two scales of a nonnegative operand's rows or columns (`along_rows`: one per
 // row, else one per column): exponent e with max * 2^-e in [1, 2), or `zero` set where the
 // row or column is all zero. False if an element is not finite.
@@ -99,12 +101,14 @@ bool scales_of(const Matrix& x, bool along_rows, bool squared, Scales& out) {
 }
 
 // x's elements as floats, each multiplied by 2^-exponent of its row (`along_rows`) or column
-// (a power of two: exact, but where the product is subnormal); same layout as x.
-std::vector<float> scaled_floats(const Matrix& x, bool along_rows, bool squared, const Scales& s) {
-  std::vector<float> out(static_cast<size_t>(x.size()));
+// (a power of two: exact, but where the product is subnormal); same layout as x. The storage
+// is left uninitialised and each row written by the thread that converts it: zeroing a
+// weight-sized array first, on one thread, took longer than the conversion itself.
+FloatRows scaled_floats(const Matrix& x, bool along_rows, bool squared, const Scales& s) {
+  FloatRows out(x.rows(), x.cols());
   const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data(), along_rows ? 0 : x.cols());
   for_each_row(x.rows(), [&](int64_t r) {
-    Eigen::Map<Eigen::ArrayXf> dst(out.data() + r * x.cols(), x.cols());
+    auto dst = out.row(r).transpose().array();
     const auto src = x.row(r).transpose().array();
     if (along_rows && squared) {
       dst = (src.square() * s.factor[r]).cast<float>();
@@ -157,18 +161,18 @@ struct ProductShape {
   }
 };
 
-// C's grid of tiles, fixed by its shape alone, handed to the threads one at a time:
+// C's grid of `tile`s, fixed by its shape alone, handed to the threads one at a time:
 // body(first row, first column, rows, columns) for each.
 template <class Body>
-void for_each_tile(int64_t m, int64_t n, const Body& body) {
-  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
-  const int64_t col_tiles = (n + kTileCols - 1) / kTileCols;
+void for_each_tile(int64_t m, int64_t n, TileShape tile, const Body& body) {
+  const int64_t row_tiles = (m + tile.rows - 1) / tile.rows;
+  const int64_t col_tiles = (n + tile.cols - 1) / tile.cols;
   for_each_row(
       row_tiles * col_tiles,
       [&](int64_t t) {
-        const int64_t i = t / col_tiles * kTileRows, j = t % col_tiles * kTileCols;
-        body(i, j, static_cast<blasint>(std::min(kTileRows, m - i)),
-             static_cast<blasint>(std::min(kTileCols, n - j)));
+        const int64_t i = t / col_tiles * tile.rows, j = t % col_tiles * tile.cols;
+        body(i, j, static_cast<blasint>(std::min(tile.rows, m - i)),
+             static_cast<blasint>(std::min(tile.cols, n - j)));
       },
       /*dynamic=*/true, kMaxCallingThreads);
 }
@@ -193,7 +197,7 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row"),
                 ldc = dim(c.cols(), "a row");
   const blasint kk = dim(k, "an inner dimension");
-  for_each_tile(m, n, [&](int64_t i, int64_t j, blasint mt, blasint nt) {
+  for_each_tile(m, n, kProductTile, [&](int64_t i, int64_t j, blasint mt, blasint nt) {
     // Row-major: op(A)'s rows i.. start at row i of A, or at column i of a transposed A;
     // op(B)'s columns j.. at column j of B, or at row j of a transposed B.
     const double* pa = ta ? a.data() + i : a.data() + i * a.cols();
@@ -216,16 +220,16 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
     return;
   }
   single_threaded_blas();
-  const std::vector<float> fa = scaled_floats(a, !ta, false, sa);
-  const std::vector<float> fb = scaled_floats(b, tb, square_b, sb);
+  const FloatRows fa = scaled_floats(a, !ta, false, sa);
+  const FloatRows fb = scaled_floats(b, tb, square_b, sb);
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row");
   const blasint kk = dim(k, "an inner dimension");
   // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
   const double small = std::ldexp(static_cast<double>(k), -99);
-  for_each_tile(m, n, [&](int64_t i, int64_t j, blasint mt, blasint nt) {
+  for_each_tile(m, n, nonnegative_tiles(m, n), [&](int64_t i, int64_t j, blasint mt, blasint nt) {
     const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
     const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
-    std::vector<float> tile(static_cast<size_t>(mt) * nt);
+    FloatRows tile(mt, nt);
     {
       const FlushSubnormals flush;
       scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
@@ -238,7 +242,7 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
       for (int64_t q = 0; q < nt; ++q) {
         const int64_t col = j + q;
         if (sb.zero[col]) continue;
-        const double v = tile[r * nt + q];
+        const double v = tile(r, q);
         if (v >= small) {
           c(row, col) += alpha * std::ldexp(v, sa.exponent[row] + sb.exponent[col]);
           continue;
@@ -252,6 +256,16 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
       }
     }
   });
+}
+
+TileShape nonnegative_tiles(int64_t m, int64_t n) {
+  for (const int64_t rows : {int64_t{768}, int64_t{384}}) {
+    if (((m + rows - 1) / rows) * ((n + kNonnegativeTileCols - 1) / kNonnegativeTileCols) >=
+        kNonnegativeMinTiles) {
+      return {rows, kNonnegativeTileCols};
+    }
+  }
+  return {kProductTile.rows, kNonnegativeTileCols};
 }
 
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha) {

@@ -40,8 +40,21 @@ inline Matrix product(const Matrix& a, const Matrix& b) {
   return product(a, Op::kPlain, b, Op::kPlain);
 }
 
-// The tile grid's shape, rows x columns of C (exposed for the tests at the tiles' edges).
-inline constexpr int64_t kTileRows = 192;
-inline constexpr int64_t kTileCols = 768;
+// One tile of C's grid, rows x columns (exposed for the tests at the tiles' edges).
+struct TileShape {
+  int64_t rows, cols;
+};
+// gemm's tiles.
+inline constexpr TileShape kProductTile{192, 768};
+inline constexpr int64_t kTileRows = kProductTile.rows;
+inline constexpr int64_t kTileCols = kProductTile.cols;
+// gemm_nonnegative's tiles, also fixed by C's shape alone: 768 or 384 rows where that still
+// leaves at least kNonnegativeMinTiles tiles to share among the threads, else gemm's 192. Each
+// tile's call packs its columns of op(B) again, and fp32's kernel, twice as fast, makes that
+// copy weigh twice as much as in fp64: taller tiles copy op(B) fewer times
+// (docs/performance.md, "The reference's products").
+inline constexpr int64_t kNonnegativeTileCols = 384;
+inline constexpr int64_t kNonnegativeMinTiles = 64;
+TileShape nonnegative_tiles(int64_t m, int64_t n);
 
 }  // namespace gradscope::reference

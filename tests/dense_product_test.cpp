@@ -228,6 +228,44 @@ TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
   omp_set_num_threads(threads);
 }
 
+// gemm_nonnegative's taller tiles: the grid follows the product's shape alone.
+TEST(DenseProduct, NonnegativeTilesFollowTheShapeAlone) {
+  EXPECT_EQ(nonnegative_tiles(2048, 28672).rows, 768);  // a 70B MLP's up projection
+  EXPECT_EQ(nonnegative_tiles(2048, 4096).rows, 384);   // too few tiles at 768 rows
+  EXPECT_EQ(nonnegative_tiles(2048, 1024).rows, kTileRows);
+  EXPECT_EQ(nonnegative_tiles(1, 1).rows, kTileRows);
+  EXPECT_EQ(nonnegative_tiles(2048, 28672).cols, kNonnegativeTileCols);
+}
+
+// Tiles of 768 rows with a remainder row and column (2 * 768 + 1, 21 * 384 + 1): the bound
+// at every element, and the same bits at 1, 2 and 4 threads.
+TEST(DenseProduct, NonnegativeTallTilesKeepTheBoundAndTheBits) {
+  const int64_t m = 2 * 768 + 1, n = 21 * kNonnegativeTileCols + 1, k = 5;
+  ASSERT_EQ(nonnegative_tiles(m, n).rows, 768);
+  const Matrix a = nonnegative(k, m, 12, false, true), b = nonnegative(k, n, 13, false, true);
+  const Matrix exact = naive(a, Op::kTransposed, b, Op::kPlain);
+  const int threads = omp_get_max_threads();
+  Matrix one;
+  for (const int t : {1, 2, 4}) {
+    omp_set_num_threads(t);
+    Matrix c = Matrix::Zero(m, n);
+    gemm_nonnegative(1.0, a, Op::kTransposed, b, Op::kPlain, c);
+    if (t == 1) {
+      one = c;
+      const double rel = double(k + 2) * std::ldexp(1.0, -24);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j))
+              << "element (" << i << ", " << j << ")";
+        }
+      }
+    } else {
+      EXPECT_TRUE(same_bits(one, c)) << t << " threads";
+    }
+  }
+  omp_set_num_threads(threads);
+}
+
 TEST(DenseProduct, EmptyInnerDimensionScalesC) {
   const Matrix a(4, 0), b(0, 3);
   Matrix c = Matrix::Constant(4, 3, 2.0);
