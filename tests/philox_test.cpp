@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "harness/generate/gptq_layer_gen.h"
 #include "harness/generate/philox.h"
 #include "harness/generate/seeded_streams.h"
 
@@ -99,6 +100,44 @@ TEST(SeededStream, Fp32TensorsAreTheFp64DrawsConverted) {
   EXPECT_EQ(f.scalar_type(), at::kFloat);
   const auto d = normal_tensor(7, "w", {129, 257}, 0.02).to(at::kFloat);
   EXPECT_TRUE(f.view(at::kInt).equal(d.view(at::kInt)));
+}
+
+// A seeded layer drawn again (the process keeps its latest layers) is the layer a fresh draw
+// gives, for each quantizer setting the key must tell apart, and a caller that writes into
+// what it got does not change the next draw.
+TEST(SeededLayer, DrawnAgainIsTheFreshDrawForEverySetting) {
+  const auto fresh = [](const QuantizeOptions& o) {
+    const auto order = o.desc_act ? permutation(11, "p.act_order", 64) : at::Tensor();
+    return quantize_gptq(normal_tensor_fp32(11, "p.weight", {64, 48}, 0.02), order, o);
+  };
+  const auto same = [](const QuantizedWeight& a, const QuantizedWeight& b) {
+    return a.codes.scalar_type() == at::kInt && a.codes.equal(b.codes) && a.zeros.equal(b.zeros) &&
+           a.scales.view(at::kInt).equal(b.scales.view(at::kInt)) && a.g_idx.equal(b.g_idx);
+  };
+  const QuantizeOptions base =
+      quantize_options(4, 16, false, true, false, ZeroPointFormat::kGptqV1);
+  std::vector<QuantizeOptions> settings(8, base);
+  settings[1].bits = 3;
+  settings[2].group_size = 32;
+  settings[3].sym = true;
+  settings[4].desc_act = false;
+  settings[5].static_groups = true;
+  // One row a group: a group of one positive weight has its range's low end at 0, where v1's
+  // smallest zero (1) binds.
+  settings[6].group_size = settings[7].group_size = 1;
+  settings[7].min_zero = 0;
+  // Each setting after the others are kept: a key that missed a field would hand out another's.
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& o : settings) {
+      auto got = quantize_seeded_layer(11, "p.", 64, 48, o);
+      EXPECT_TRUE(same(got, fresh(o))) << "bits " << o.bits << " group " << o.group_size;
+      got.codes.fill_(0);  // a caller's write (plant_edge_values writes codes)
+      got.zeros.fill_(0);
+    }
+  }
+  EXPECT_TRUE(same(quantize_seeded_layer(11, "p.", 64, 48, base), fresh(base)));
+  EXPECT_FALSE(quantize_seeded_layer(12, "p.", 64, 48, base).codes.equal(fresh(base).codes));
+  EXPECT_FALSE(quantize_seeded_layer(11, "q.", 64, 48, base).codes.equal(fresh(base).codes));
 }
 
 }  // namespace

@@ -2,10 +2,98 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
 #include "harness/common/dtypes.h"
+#include "harness/common/host_memory.h"
 #include "harness/generate/seeded_streams.h"
 
 namespace gradscope {
+namespace {
+
+// A suite's files vary the dtype, the rank or the adapters of one seeded layer far more often
+// than the layer itself, and drawing and quantizing a weight is most of a case's generate
+// phase. The latest layers are kept (codes as bytes: every supported width fits one) and
+// handed out as fresh copies, so a caller may write into what it gets; a kept layer is the
+// same function of the same arguments, so no drawn value can change.
+struct LayerKey {
+  uint64_t seed;
+  std::string prefix;
+  int64_t k, n;
+  int bits, group_size, min_zero;
+  bool sym, desc_act, static_groups;
+  auto tie() const {
+    return std::tie(seed, prefix, k, n, bits, group_size, min_zero, sym, desc_act, static_groups);
+  }
+  bool operator==(const LayerKey& o) const { return tie() == o.tie(); }
+};
+
+struct KeptLayer {
+  LayerKey key;
+  QuantizedWeight q;  // codes uint8
+  double bytes;
+};
+
+class KeptLayers {
+ public:
+  std::optional<QuantizedWeight> find(const LayerKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it =
+        std::find_if(kept_.begin(), kept_.end(), [&](const KeptLayer& l) { return l.key == key; });
+    if (it == kept_.end()) return std::nullopt;
+    kept_.splice(kept_.begin(), kept_, it);  // most recently used first
+    const QuantizedWeight& q = it->q;
+    return QuantizedWeight{q.codes.to(at::kInt), q.zeros.clone(), q.scales.clone(),
+                           q.g_idx.clone()};
+  }
+
+  void keep(const LayerKey& key, const QuantizedWeight& q) {
+    QuantizedWeight stored{q.codes.to(at::kByte), q.zeros.clone(), q.scales.clone(),
+                           q.g_idx.clone()};
+    double bytes = 0;
+    for (const auto* t : {&stored.codes, &stored.zeros, &stored.scales, &stored.g_idx}) {
+      bytes += static_cast<double>(t->nbytes());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Too large, or kept meanwhile by another thread drawing the same layer (thread ranks).
+    if (bytes > budget() ||
+        std::any_of(kept_.begin(), kept_.end(), [&](const KeptLayer& l) { return l.key == key; })) {
+      return;
+    }
+    kept_.push_front({key, std::move(stored), bytes});
+    held_ += bytes;
+    while (held_ > budget()) {
+      held_ -= kept_.back().bytes;
+      kept_.pop_back();
+    }
+  }
+
+ private:
+  // At most 2 GiB, and a sixteenth of the machine: room for a 70B MLP's three layers.
+  static double budget() {
+    static const double b = [] {
+      const double memory = host_memory_bytes();
+      return std::min(2.0 * (1 << 30), memory > 0 ? memory / 16 : 0.0);
+    }();
+    return b;
+  }
+
+  std::mutex mutex_;
+  std::list<KeptLayer> kept_;
+  double held_ = 0;
+};
+
+KeptLayers& kept_layers() {
+  static KeptLayers kept;
+  return kept;
+}
+
+}  // namespace
 
 GptqGenSpec::GptqGenSpec(const CaseSpec& s)
     : bits(static_cast<int>(s.get_int("bits"))),
@@ -72,9 +160,22 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options) {
+  const LayerKey key{seed,
+                     prefix,
+                     K,
+                     N,
+                     options.bits,
+                     options.group_size,
+                     options.min_zero,
+                     options.sym,
+                     options.desc_act,
+                     options.static_groups};
+  if (auto kept = kept_layers().find(key)) return std::move(*kept);
   const auto weight_t = normal_tensor_fp32(seed, prefix + "weight", {K, N}, 0.02);
   const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
-  return quantize_gptq(weight_t, order, options);
+  auto q = quantize_gptq(weight_t, order, options);
+  kept_layers().keep(key, q);
+  return q;
 }
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
