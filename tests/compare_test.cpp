@@ -1,4 +1,5 @@
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -262,6 +263,77 @@ TEST(CompareExact, AWrongDtypeFailsEvenWhenCloserToTheReference) {
   EXPECT_TRUE(compare_exact("w", "x", ref.to(at::kBFloat16), ref, {}, false,
                             Expected{at::kBFloat16, at::kCPU})
                   .passed);
+}
+
+// Over several of the verdict's chunks (and a partial one): each figure is what the element-wise
+// expression gives (maxima, counts and the worst element exactly, sums to rounding), the first
+// of two equal worst elements wins, and no figure depends on the thread count.
+TEST(CompareRatio, FiguresOverManyChunksAreTheElementwiseOnesWhateverTheThreadCount) {
+  const int64_t n = 3 * 32768 + 1001;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto ref = at::randn({n}, gen, at::kDouble);
+  const auto sigma = at::rand({n}, gen, at::kDouble) * 1e-6 + 1e-7;
+  auto prod = (ref + at::randn({n}, gen, at::kDouble) * 1e-7).to(at::kFloat);
+  const auto base = (ref + at::randn({n}, gen, at::kDouble) * 1e-7).to(at::kFloat);
+  // Two equal worst elements, in the second and the fourth chunk.
+  for (const int64_t i : {int64_t{40000}, int64_t{99000}}) {
+    ref[i] = 1.0;
+    sigma[i] = 1e-7;
+    prod[i] = 1.0f + 0x1.0p-20f;
+  }
+  const auto judge = [&] {
+    auto in = ratio_inputs("t", prod, base, ref, 0.0);
+    in.sigma = sigma;
+    return compare_ratio(in);
+  };
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = judge();
+  at::set_num_threads(std::max(threads, 2));
+  const auto many = judge();
+  at::set_num_threads(threads);
+
+  const auto p = prod.to(at::kDouble), b = base.to(at::kDouble);
+  const auto diff = (p - ref).abs(), base_diff = (b - ref).abs();
+  const auto floor = sigma * kFloorSigmas;
+  const double base_term = 2.0 * base_diff.max().item<double>();
+  const auto score = diff / (floor + base_term);
+  const int64_t worst = score.argmax().item<int64_t>();
+  ASSERT_EQ(worst, 40000);
+  const auto bins =
+      ((diff.clamp_min(1e-300).log10() - report::kErrorBinLow) / report::kErrorBinStep)
+          .floor()
+          .clamp(0, report::kErrorBins - 1)
+          .to(at::kLong);
+  const auto histogram = at::bincount(bins, {}, report::kErrorBins);
+  for (const auto* c : {&one, &many}) {
+    EXPECT_EQ(c->max_abs, diff.max().item<double>());
+    EXPECT_EQ(c->baseline_max_abs, base_diff.max().item<double>());
+    EXPECT_EQ(c->floor_use, (diff / floor).max().item<double>());
+    EXPECT_EQ(c->baseline_floor_use, (base_diff / floor).max().item<double>());
+    EXPECT_EQ(c->error_to_limit, score[worst].item<double>());
+    EXPECT_EQ(c->limit, floor[worst].item<double>() + base_term);
+    ASSERT_TRUE(c->worst.has_value());
+    EXPECT_EQ(c->worst->index, std::vector<int64_t>{worst});
+    EXPECT_EQ(c->mismatches, diff.gt(ref.abs() * 1.3e-6 + 1e-5).sum().item<int64_t>());
+    EXPECT_EQ(c->error_histogram,
+              std::vector<int64_t>(histogram.data_ptr<int64_t>(),
+                                   histogram.data_ptr<int64_t>() + histogram.numel()));
+    EXPECT_NEAR(c->mean_abs, diff.mean().item<double>(), 1e-12 * c->mean_abs);
+    EXPECT_NEAR(*c->rel_fro, ((p - ref).norm() / ref.norm()).item<double>(), 1e-12);
+  }
+  EXPECT_EQ(one.mean_abs, many.mean_abs);
+  EXPECT_EQ(one.baseline_mean_abs, many.baseline_mean_abs);
+  EXPECT_EQ(one.rel_fro, many.rel_fro);
+  EXPECT_EQ(one.cosine, many.cosine);
+
+  // The first non-finite element is found in a later chunk than the first.
+  prod[70000] = std::numeric_limits<float>::infinity();
+  prod[50000] = std::numeric_limits<float>::quiet_NaN();
+  const auto bad = judge();
+  EXPECT_EQ(bad.mismatches, 2);
+  ASSERT_TRUE(bad.worst.has_value());
+  EXPECT_EQ(bad.worst->index, std::vector<int64_t>{50000});
 }
 
 }  // namespace
