@@ -336,5 +336,28 @@ TEST(CompareRatio, FiguresOverManyChunksAreTheElementwiseOnesWhateverTheThreadCo
   EXPECT_EQ(bad.worst->index, std::vector<int64_t>{50000});
 }
 
+// A NaN in the floor fails the check wherever it falls, as ATen's NaN-propagating maxima made
+// it: here at the start of the second chunk, with an element over its limit after it.
+TEST(CompareRatio, ANaNFloorFailsTheCheckInAnyChunk) {
+  const int64_t n = 3 * 32768;
+  const auto ref = at::linspace(1.0, 2.0, n, at::kDouble);
+  auto sigma = at::full({n}, 1e-6, at::kDouble);
+  auto prod = ref.to(at::kFloat);
+  for (const int64_t at_index : {int64_t{0}, int64_t{32768}, int64_t{70000}}) {
+    auto s = sigma.clone();
+    s[at_index] = std::numeric_limits<double>::quiet_NaN();
+    auto p = prod.clone();
+    p[at_index + 100] = p[at_index + 100].item<float>() + 1.0f;
+    auto in = ratio_inputs("t", p, ref.to(at::kFloat), ref, 0.0);
+    in.sigma = s;
+    const auto c = compare_ratio(in);
+    EXPECT_FALSE(c.passed) << "NaN at " << at_index;
+    EXPECT_TRUE(std::isnan(c.error_to_limit.value_or(0))) << "NaN at " << at_index;
+    EXPECT_TRUE(std::isnan(c.floor_use.value_or(0))) << "NaN at " << at_index;
+    ASSERT_TRUE(c.worst.has_value());
+    EXPECT_EQ(c.worst->index, std::vector<int64_t>{at_index});
+  }
+}
+
 }  // namespace
 }  // namespace gradscope

@@ -136,6 +136,12 @@ TEST(SeededLayer, DrawnAgainIsTheFreshDrawForEverySetting) {
     }
   }
   EXPECT_TRUE(same(quantize_seeded_layer(11, "p.", 64, 48, base), fresh(base)));
+  EXPECT_TRUE(same(draw_seeded_layer(11, "p.", 64, 48, base), fresh(base)));
+  // The layers were kept (the draws above were not all fresh), and let go on request.
+  EXPECT_GT(kept_layer_bytes(), 0.0);
+  drop_kept_layers();
+  EXPECT_EQ(kept_layer_bytes(), 0.0);
+  EXPECT_TRUE(same(quantize_seeded_layer(11, "p.", 64, 48, base), fresh(base)));
   EXPECT_FALSE(quantize_seeded_layer(12, "p.", 64, 48, base).codes.equal(fresh(base).codes));
   EXPECT_FALSE(quantize_seeded_layer(11, "q.", 64, 48, base).codes.equal(fresh(base).codes));
 }

@@ -80,8 +80,8 @@ void export_checkpoint(const ExportOptions& o) {
       const std::string p(projection.name);
       const auto [in, out] = projection_shape(dims, p);
       const std::string name = module_name(layer, p);
-      const auto packed = pack_gptq(quantize_seeded_layer(o.seed, name + ".", in, out, q), o.bits,
-                                    o.format, at::kHalf);
+      const auto packed =
+          pack_gptq(draw_seeded_layer(o.seed, name + ".", in, out, q), o.bits, o.format, at::kHalf);
       shard.push_back(to_safetensors(name + ".qweight", packed.qweight));
       shard.push_back(to_safetensors(name + ".qzeros", packed.qzeros));
       shard.push_back(to_safetensors(name + ".scales", packed.scales));

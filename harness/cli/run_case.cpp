@@ -10,6 +10,7 @@
 #include "harness/common/host_memory.h"
 #include "harness/common/input_error.h"
 #include "harness/distributed/process_ranks.h"
+#include "harness/generate/gptq_layer_gen.h"
 #include "harness/impl/impl_ops.h"
 
 namespace gradscope {
@@ -104,6 +105,8 @@ report::CaseResult run_case(const SelectedCase& sc, const std::string& program,
   // kernel's out-of-memory handler part way, not fail with a message.
   const double at_least = find_kind(sc.spec.kind)->host_bytes_at_least(sc.spec);
   const double memory = host_memory_bytes();
+  // The seeded layers kept from earlier cases give way to a case that needs the memory.
+  if (memory > 0 && at_least + kept_layer_bytes() > memory) drop_kept_layers();
   if (memory > 0 && at_least > memory) {
     result.input_error = sc.id + ": needs at least " + format_gib(at_least) +
                          " of host memory (the reference's fp64 weights and activations); this "

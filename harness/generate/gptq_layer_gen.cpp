@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <list>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -52,7 +53,8 @@ class KeptLayers {
                            q.g_idx.clone()};
   }
 
-  void keep(const LayerKey& key, const QuantizedWeight& q) {
+  // Keeping is optional: a copy that cannot be allocated is not kept.
+  void keep(const LayerKey& key, const QuantizedWeight& q) try {
     QuantizedWeight stored{q.codes.to(at::kByte), q.zeros.clone(), q.scales.clone(),
                            q.g_idx.clone()};
     double bytes = 0;
@@ -60,7 +62,7 @@ class KeptLayers {
       bytes += static_cast<double>(t->nbytes());
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    // Too large, or kept meanwhile by another thread drawing the same layer (thread ranks).
+    // Too large, or kept meanwhile by another thread drawing the same layer.
     if (bytes > budget() ||
         std::any_of(kept_.begin(), kept_.end(), [&](const KeptLayer& l) { return l.key == key; })) {
       return;
@@ -71,6 +73,19 @@ class KeptLayers {
       held_ -= kept_.back().bytes;
       kept_.pop_back();
     }
+  } catch (const std::bad_alloc&) {
+  } catch (const c10::Error&) {
+  }
+
+  double held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
+  }
+
+  void drop() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept_.clear();
+    held_ = 0;
   }
 
  private:
@@ -158,6 +173,13 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
   }
 }
 
+QuantizedWeight draw_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K, int64_t N,
+                                  const QuantizeOptions& options) {
+  const auto weight_t = normal_tensor_fp32(seed, prefix + "weight", {K, N}, 0.02);
+  const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
+  return quantize_gptq(weight_t, order, options);
+}
+
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options) {
   const LayerKey key{seed,
@@ -171,11 +193,17 @@ QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, 
                      options.desc_act,
                      options.static_groups};
   if (auto kept = kept_layers().find(key)) return std::move(*kept);
-  const auto weight_t = normal_tensor_fp32(seed, prefix + "weight", {K, N}, 0.02);
-  const auto order = options.desc_act ? permutation(seed, prefix + "act_order", K) : at::Tensor();
-  auto q = quantize_gptq(weight_t, order, options);
+  auto q = draw_seeded_layer(seed, prefix, K, N, options);
   kept_layers().keep(key, q);
   return q;
+}
+
+double kept_layer_bytes() {
+  return kept_layers().held();
+}
+
+void drop_kept_layers() {
+  kept_layers().drop();
 }
 
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,

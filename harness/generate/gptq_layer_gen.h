@@ -35,11 +35,19 @@ void validate_gptq_shape(const CaseSpec& spec, int64_t K, int64_t N, const std::
                          const std::string& n_field);
 
 // W^T [K, N] ~ N(0, 0.02^2) from stream `<prefix>weight`, act-order permutation from
-// `<prefix>act_order`, quantized per spec; v1 asks the quantizer for zeros >= 1.
+// `<prefix>act_order`, quantized per spec; v1 asks the quantizer for zeros >= 1. The process
+// keeps the layers it drew last (at most 2 GiB, or a sixteenth of its memory) and hands them
+// out again as copies: the cases of a file that vary dtype or rank draw a layer once.
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const GptqGenSpec& spec);
 QuantizedWeight quantize_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K,
                                       int64_t N, const QuantizeOptions& options);
+// The same layer drawn afresh and not kept (a checkpoint's layers are each drawn once).
+QuantizedWeight draw_seeded_layer(uint64_t seed, const std::string& prefix, int64_t K, int64_t N,
+                                  const QuantizeOptions& options);
+// Host memory the kept layers hold, and letting them go (before a case that needs it).
+double kept_layer_bytes();
+void drop_kept_layers();
 
 // Overwrites a quantized layer's codes and zero points with the values that break careless
 // decoders: codes 0 and maxq, a code with only its high bit or only its low bits set at rows

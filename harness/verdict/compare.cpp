@@ -231,9 +231,14 @@ double safe_floor_of(double sigma) {
   return std::max(sigma * kFloorSigmas, std::numeric_limits<double>::min());
 }
 
-// `v` at `i` is larger than the running maximum `max` at `arg` (first index wins a tie).
+// ATen's max and argmax: a NaN is larger than any number and the first NaN stays; else the
+// first index wins a tie. A NaN in the floor (sigma) must fail a check as it did, wherever it is.
 void take_max(double v, int64_t i, double& max, int64_t& arg) {
-  if (arg < 0 || v > max) max = v, arg = i;
+  if (arg < 0 || (!std::isnan(max) && (std::isnan(v) || v > max))) max = v, arg = i;
+}
+
+double nan_max(double a, double b) {
+  return std::isnan(a) ? a : std::isnan(b) ? b : std::max(a, b);
 }
 
 ElementScan scan_chunk(const ScanInputs& in, int64_t begin, int64_t end) {
@@ -243,27 +248,23 @@ ElementScan scan_chunk(const ScanInputs& in, int64_t begin, int64_t end) {
     if (!std::isfinite(p) && s.prod_non_finite++ == 0) s.prod_first_non_finite = i;
     if (!std::isfinite(b)) ++s.base_non_finite;
     const double ar = std::abs(r);
-    if (std::isnan(ar)) {
-      if (!std::isnan(s.ref_max)) s.ref_max = ar, s.ref_argmax = i;
-    } else if (!std::isnan(s.ref_max)) {
-      take_max(ar, i, s.ref_max, s.ref_argmax);
-    }
+    take_max(ar, i, s.ref_max, s.ref_argmax);
     const double floor = sigma * kFloorSigmas, safe = safe_floor_of(sigma);
     const double diff = std::abs(p - r);
     take_max(diff, i, s.diff_max, s.diff_argmax);
     s.diff_sum += diff;
-    s.floor_use = std::max(s.floor_use, diff / safe);
+    s.floor_use = nan_max(s.floor_use, diff / safe);
     s.floor_sum += floor;
     const double base_diff = std::abs(b - r);
-    s.base_max = std::max(s.base_max, base_diff);
+    s.base_max = nan_max(s.base_max, base_diff);
     s.base_sum += base_diff;
-    s.base_floor_use = std::max(s.base_floor_use, base_diff / safe);
+    s.base_floor_use = nan_max(s.base_floor_use, base_diff / safe);
     s.ref_sq += r * r;
     s.prod_sq += p * p;
     s.err_sq += (p - r) * (p - r);
     s.dot += p * r;
     if (diff > ar * in.rtol + in.atol) ++s.mismatches;
-    if (std::isfinite(diff)) {
+    if (!std::isnan(diff)) {
       const double bin = std::floor((std::log10(std::max(diff, 1e-300)) - report::kErrorBinLow) /
                                     report::kErrorBinStep);
       ++s.histogram[static_cast<size_t>(std::clamp(bin, 0.0, report::kErrorBins - 1.0))];
@@ -279,19 +280,13 @@ void combine(ElementScan& into, const ElementScan& c) {
   }
   into.prod_non_finite += c.prod_non_finite;
   into.base_non_finite += c.base_non_finite;
-  if (!std::isnan(into.ref_max)) {
-    if (std::isnan(c.ref_max)) {
-      into.ref_max = c.ref_max, into.ref_argmax = c.ref_argmax;
-    } else if (c.ref_argmax >= 0) {
-      take_max(c.ref_max, c.ref_argmax, into.ref_max, into.ref_argmax);
-    }
-  }
+  if (c.ref_argmax >= 0) take_max(c.ref_max, c.ref_argmax, into.ref_max, into.ref_argmax);
   if (c.diff_argmax >= 0) take_max(c.diff_max, c.diff_argmax, into.diff_max, into.diff_argmax);
   into.diff_sum += c.diff_sum;
-  into.floor_use = std::max(into.floor_use, c.floor_use);
-  into.base_max = std::max(into.base_max, c.base_max);
+  into.floor_use = nan_max(into.floor_use, c.floor_use);
+  into.base_max = nan_max(into.base_max, c.base_max);
   into.base_sum += c.base_sum;
-  into.base_floor_use = std::max(into.base_floor_use, c.base_floor_use);
+  into.base_floor_use = nan_max(into.base_floor_use, c.base_floor_use);
   into.ref_sq += c.ref_sq;
   into.prod_sq += c.prod_sq;
   into.err_sq += c.err_sq;
