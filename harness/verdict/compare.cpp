@@ -199,9 +199,9 @@ namespace {
 
 // The figures of a ratio comparison from one pass over the elements of prod, base, ref and
 // sigma (fp64, contiguous, one shape), with a second pass for the max rule, whose limit needs
-// the baseline's error first. A large gradient's check was some thirty passes of ATen
-// expressions, each writing a new tensor; the elements are taken in fixed chunks whose partial
-// results combine in chunk order, so no figure depends on the thread count. Each element's
+// the baseline's error first: an ATen expression per figure would take some thirty passes over
+// a large gradient, each writing a new tensor. The elements are taken in fixed chunks whose
+// partial results combine in chunk order, so no figure depends on the thread count. Each element's
 // arithmetic is that of the expression it replaces (IEEE operations without contraction), so
 // maxima, counts and the worst element are the same bits; sums (means, norms) may differ from
 // ATen's in their last bits by the order of addition, and a bin of the error histogram where
