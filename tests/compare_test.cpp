@@ -337,7 +337,8 @@ TEST(CompareRatio, FiguresOverManyChunksAreTheElementwiseOnesWhateverTheThreadCo
 }
 
 // A NaN in the floor fails the check wherever it falls, as ATen's NaN-propagating maxima made
-// it: here at the start of the second chunk, with an element over its limit after it.
+// it: at the start of the first and the second chunk and inside the third, each time with an
+// element over its limit after it in the same chunk.
 TEST(CompareRatio, ANaNFloorFailsTheCheckInAnyChunk) {
   const int64_t n = 3 * 32768;
   const auto ref = at::linspace(1.0, 2.0, n, at::kDouble);
