@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <utility>
 
 #include "harness/common/tensor_bridge.h"
 #include "harness/generate/seeded_streams.h"
@@ -140,7 +141,7 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
                           : kv                                     ? kv_out
                                                                    : d.hidden;
       L.projections.push_back(tb::make_projection(c, name, in, out, i + 1));
-      member(L.ref, name) = L.projections.back().ref;
+      member(L.ref, name) = std::move(L.projections.back().ref);
     }
     const auto norm = [&](const char* name, reference::RmsNorm& ref) {
       const std::string stream = "layers." + std::to_string(i + 1) + "." + name;

@@ -32,8 +32,10 @@ struct Dims {
 };
 
 struct StackLayer {
-  std::vector<lora_testbed::Projection> projections;  // in the order of kLlamaProjections
-  at::Tensor input_norm, post_attention_norm;         // case dtype, host
+  // In the order of kLlamaProjections; their fp64 `ref` parts are moved into `ref` (a layer's
+  // weights are gigabytes at 70B shapes) and left empty here.
+  std::vector<lora_testbed::Projection> projections;
+  at::Tensor input_norm, post_attention_norm;  // case dtype, host
   reference::Layer ref;
 };
 // The reference's fp64 copies of every layer's seven projections (with the activations on
