@@ -23,6 +23,9 @@ const char* kEngineCases[] = {
     "dropout = 0.1\n",
     "kind = \"mlp\"\nhidden = 64\nintermediate = 96\ndtype = \"fp16\"\ndropout = 0.1\n",
     "kind = \"fsdp\"\nworld_size = 2\nsharding = \"per_param\"\n",
+    // Two layers: the second's input and output gradient come from the reference's stack.
+    "kind = \"layer\"\nhidden = 64\nintermediate = 96\nheads = 4\nkv_heads = 2\nlayers = 2\n"
+    "seq = 9\ndtype = \"bf16\"\n",
 };
 
 CaseResult run_one(const CaseSpec& spec, const std::string& id, bool overlap) {
