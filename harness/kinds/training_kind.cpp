@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <utility>
 
 #include "gradscope/gptq_format.h"
 #include "harness/common/tensor_bridge.h"
@@ -51,7 +52,7 @@ class TrainingTestbed final : public Testbed {
     frozen_ = {embedding.to(c_.device), final_norm.to(c_.device), lm_head.to(c_.device),
                dims_.rms_eps};
     ref_model_.embedding = bridge::to_matrix(embedding);
-    for (const auto& L : stack_) ref_model_.layers.push_back(L.ref);
+    for (auto& L : stack_) ref_model_.layers.push_back(std::move(L.ref));  // weights: no copy
     ref_model_.final_norm = {bridge::to_matrix(final_norm.view({1, -1})).row(0), dims_.rms_eps};
     ref_model_.lm_head = bridge::to_matrix(lm_head);
     ref_model_.shape = dims_.attention(c_);
