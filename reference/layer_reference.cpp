@@ -1,7 +1,9 @@
 #include "reference/layer_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "reference/dense_product.h"
@@ -63,46 +65,56 @@ Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads) {
 
 namespace {
 
-// Row-softmax probabilities of one (batch, head) block, causal.
-Matrix causal_probabilities(const Matrix& q, const Matrix& k, double scale) {
-  const int64_t n = q.rows();
-  Matrix p = product(q, Op::kPlain, k, Op::kTransposed, scale);
-  for (int64_t i = 0; i < n; ++i) {
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j <= i; ++j) m = std::max(m, p(i, j));
+// The row-softmax probabilities of query rows [i0, i1) of one (batch, head) block over the keys
+// they may attend, [0, i1): every later key is masked for all of them, so the tile's products
+// skip the masked half of the block, whose probabilities are exact zeros. Row r holds query
+// i0 + r: keys past it are zero.
+Matrix causal_probabilities(const Matrix& q, const Matrix& k, int64_t i0, int64_t i1,
+                            double scale) {
+  const int64_t m = i1 - i0;
+  Matrix p = product(Matrix(q.middleRows(i0, m)), Op::kPlain, Matrix(k.topRows(i1)),
+                     Op::kTransposed, scale);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t i = i0 + r;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, p(r, j));
     double sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      p(i, j) = j <= i ? std::exp(p(i, j) - m) : 0.0;
-      sum += p(i, j);
+    for (int64_t j = 0; j < i1; ++j) {
+      p(r, j) = j <= i ? std::exp(p(r, j) - mx) : 0.0;
+      sum += p(r, j);
     }
-    p.row(i) /= sum;
+    p.row(r) /= sum;
   }
   return p;
 }
 
 }  // namespace
 
-Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v,
-                         const AttentionShape& s) {
+Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v, const AttentionShape& s,
+                         int64_t tile_rows) {
   Matrix out = Matrix::Zero(q.rows(), q.cols());
-  const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   // One (batch, head) per thread: each writes its own block of out.
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
     const int64_t b = bh / s.heads, h = bh % s.heads, g = h / group;
-    const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
-    const Matrix kg = k.block(b * s.seq, g * d, s.seq, d);
-    const Matrix vg = v.block(b * s.seq, g * d, s.seq, d);
-    out.block(b * s.seq, h * d, s.seq, d) = product(causal_probabilities(qh, kg, scale), vg);
+    const Matrix qh = q.block(b * n, h * d, n, d);
+    const Matrix kg = k.block(b * n, g * d, n, d);
+    const Matrix vg = v.block(b * n, g * d, n, d);
+    for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
+      const int64_t i1 = std::min(n, i0 + tile_rows);
+      out.block(b * n + i0, h * d, i1 - i0, d) =
+          product(causal_probabilities(qh, kg, i0, i1, scale), Matrix(vg.topRows(i1)));
+    }
   });
   return out;
 }
 
 AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix& v,
-                                  const Matrix& dout, const AttentionShape& s) {
+                                  const Matrix& dout, const AttentionShape& s, int64_t tile_rows) {
   AttentionGrads g{Matrix::Zero(q.rows(), q.cols()), Matrix::Zero(k.rows(), k.cols()),
                    Matrix::Zero(v.rows(), v.cols())};
-  const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   // One (batch, query head) per thread. The heads of a group share k and v: each head's
   // share of dk and dv is kept apart and the shares are summed afterwards in head order,
@@ -110,24 +122,31 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
   std::vector<Matrix> dk_parts(s.batch * s.heads), dv_parts(s.batch * s.heads);
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
     const int64_t b = bh / s.heads, h = bh % s.heads, kv = h / group;
-    const Matrix qh = q.block(b * s.seq, h * d, s.seq, d);
-    const Matrix kg = k.block(b * s.seq, kv * d, s.seq, d);
-    const Matrix vg = v.block(b * s.seq, kv * d, s.seq, d);
-    const Matrix doh = dout.block(b * s.seq, h * d, s.seq, d);
-    const Matrix p = causal_probabilities(qh, kg, scale);
-    // O = P V; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (softmax); S = Q K^T scale.
-    const Matrix dp = product(doh, Op::kPlain, vg, Op::kTransposed);
-    const Eigen::VectorXd rows = dp.cwiseProduct(p).rowwise().sum();
-    const Matrix ds = p.cwiseProduct(dp.colwise() - rows);
-    g.dq.block(b * s.seq, h * d, s.seq, d) = product(ds, Op::kPlain, kg, Op::kPlain, scale);
-    dk_parts[bh] = product(ds, Op::kTransposed, qh, Op::kPlain, scale);
-    dv_parts[bh] = product(p, Op::kTransposed, doh, Op::kPlain);
+    const Matrix qh = q.block(b * n, h * d, n, d);
+    const Matrix kg = k.block(b * n, kv * d, n, d);
+    const Matrix vg = v.block(b * n, kv * d, n, d);
+    Matrix dk = Matrix::Zero(n, d), dv = Matrix::Zero(n, d);
+    for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
+      const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
+      const Matrix p = causal_probabilities(qh, kg, i0, i1, scale);
+      const Matrix keys = kg.topRows(i1), values = vg.topRows(i1);
+      const Matrix q_t = qh.middleRows(i0, m), do_t = dout.block(b * n + i0, h * d, m, d);
+      // O = P V; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (softmax); S = Q K^T scale.
+      const Matrix dp = product(do_t, Op::kPlain, values, Op::kTransposed);
+      const Eigen::VectorXd rows = dp.cwiseProduct(p).rowwise().sum();
+      const Matrix ds = p.cwiseProduct(dp.colwise() - rows);
+      g.dq.block(b * n + i0, h * d, m, d) = product(ds, Op::kPlain, keys, Op::kPlain, scale);
+      dk.topRows(i1) += product(ds, Op::kTransposed, q_t, Op::kPlain, scale);
+      dv.topRows(i1) += product(p, Op::kTransposed, do_t, Op::kPlain);
+    }
+    dk_parts[bh] = std::move(dk);
+    dv_parts[bh] = std::move(dv);
   });
   for_each_row(s.batch * s.kv_heads, [&](int64_t bkv) {
     const int64_t b = bkv / s.kv_heads, kv = bkv % s.kv_heads;
     for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-      g.dk.block(b * s.seq, kv * d, s.seq, d) += dk_parts[b * s.heads + h];
-      g.dv.block(b * s.seq, kv * d, s.seq, d) += dv_parts[b * s.heads + h];
+      g.dk.block(b * n, kv * d, n, d) += dk_parts[b * s.heads + h];
+      g.dv.block(b * n, kv * d, n, d) += dv_parts[b * s.heads + h];
     }
   });
   return g;

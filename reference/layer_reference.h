@@ -32,14 +32,18 @@ Matrix rope_forward(const Matrix& x, const AttentionShape& s, int64_t heads);
 // The transpose (inverse) rotation: dx from dy.
 Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads);
 
-// softmax(q k^T / sqrt(head_dim) + causal mask) v per (batch, query head).
-Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v,
-                         const AttentionShape& s);
+// softmax(q k^T / sqrt(head_dim) + causal mask) v per (batch, query head), by tiles of
+// `tile_rows` query rows against the keys they may attend (the tile changes no value beyond
+// fp64 rounding: the masked probabilities it skips are exact zeros).
+inline constexpr int64_t kAttentionTileRows = 128;
+Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v, const AttentionShape& s,
+                         int64_t tile_rows = kAttentionTileRows);
 struct AttentionGrads {
   Matrix dq, dk, dv;
 };
 AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix& v,
-                                  const Matrix& dout, const AttentionShape& s);
+                                  const Matrix& dout, const AttentionShape& s,
+                                  int64_t tile_rows = kAttentionTileRows);
 
 // One decoder layer: h = x + o_proj(attention(rope(q), rope(k), v)) with q, k, v =
 // qkv(rmsnorm1(x)); out = h + mlp(rmsnorm2(h)). Dropout is off inside the layer.

@@ -105,9 +105,9 @@ Matrix rope_variance(const Matrix& x, const Matrix& var_x, const AttentionShape&
 void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& act,
                       const Format& acc, Matrix& p, Matrix& var_p);
 // Causal grouped-query attention, each (batch, head) block taken `tile_rows` query rows at a
-// time against only the keys they can attend (docs/verification.md, "The reference's
-// products"): the tile size changes no value beyond rounding; the tests vary it.
-inline constexpr int64_t kAttentionTileRows = 128;
+// time against only the keys they can attend (kAttentionTileRows, as the reference's; see
+// docs/verification.md, "The reference's products"): the tile size changes no value beyond
+// rounding; the tests vary it.
 // The forward; `max_score`, when given, receives max |Q K^T / sqrt(d)| (masked scores included).
 Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,

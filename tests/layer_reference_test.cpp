@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <string>
+
 #include "reference/layer_reference.h"
 #include "reference_grad_check.h"
 
@@ -42,6 +44,8 @@ TEST(LayerReferenceGrad, RopeIsARotation) {
                      "dx");
 }
 
+// By tiles of query rows (2: tiles 2, 2 and a tail of 1; 3; one tile of the whole sequence):
+// each tiling's gradients pass the finite differences, and the tilings agree to fp64 rounding.
 TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
   Rng rng(3);
   const int64_t rows = kShape.batch * kShape.seq;
@@ -49,15 +53,24 @@ TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
   Matrix k = rng.normal(rows, kShape.kv_heads * kShape.head_dim);
   Matrix v = rng.normal(rows, kShape.kv_heads * kShape.head_dim);
   const Matrix dout = rng.normal(rows, q.cols());
-  const auto g = attention_backward(q, k, v, dout, kShape);
-  const auto f = [&] { return dot(dout, attention_forward(q, k, v, kShape)); };
-  expect_directional(f, q, g.dq, rng, "dq");
-  expect_directional(f, k, g.dk, rng, "dk");
-  expect_directional(f, v, g.dv, rng, "dv");
-  // Causality: the first token of a sequence attends to itself only.
-  const Matrix out = attention_forward(q, k, v, kShape);
-  EXPECT_NEAR((out.block(0, 0, 1, kShape.head_dim) - v.block(0, 0, 1, kShape.head_dim)).norm(), 0.0,
-              1e-12);
+  const Matrix whole_out = attention_forward(q, k, v, kShape, kShape.seq);
+  const auto whole = attention_backward(q, k, v, dout, kShape, kShape.seq);
+  for (const int64_t tile : {int64_t{2}, int64_t{3}, kShape.seq}) {
+    SCOPED_TRACE("tile_rows " + std::to_string(tile));
+    const auto g = attention_backward(q, k, v, dout, kShape, tile);
+    const auto f = [&] { return dot(dout, attention_forward(q, k, v, kShape, tile)); };
+    expect_directional(f, q, g.dq, rng, "dq");
+    expect_directional(f, k, g.dk, rng, "dk");
+    expect_directional(f, v, g.dv, rng, "dv");
+    const Matrix out = attention_forward(q, k, v, kShape, tile);
+    EXPECT_LE((out - whole_out).norm(), 1e-14 * whole_out.norm());
+    EXPECT_LE((g.dq - whole.dq).norm(), 1e-14 * whole.dq.norm());
+    EXPECT_LE((g.dk - whole.dk).norm(), 1e-14 * whole.dk.norm());
+    EXPECT_LE((g.dv - whole.dv).norm(), 1e-14 * whole.dv.norm());
+    // Causality: the first token of a sequence attends to itself only.
+    EXPECT_NEAR((out.block(0, 0, 1, kShape.head_dim) - v.block(0, 0, 1, kShape.head_dim)).norm(),
+                0.0, 1e-12);
+  }
 }
 
 // The reference spreads attention over (batch, head) and sums each key/value head's shares
@@ -72,11 +85,11 @@ TEST(LayerReference, AttentionDoesNotDependOnTheThreadCount) {
   const Matrix dout = rng.normal(rows, q.cols());
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const Matrix out1 = attention_forward(q, k, v, shape);
-  const auto g1 = attention_backward(q, k, v, dout, shape);
+  const Matrix out1 = attention_forward(q, k, v, shape, /*tile_rows=*/8);
+  const auto g1 = attention_backward(q, k, v, dout, shape, 8);
   omp_set_num_threads(4);
-  const Matrix out4 = attention_forward(q, k, v, shape);
-  const auto g4 = attention_backward(q, k, v, dout, shape);
+  const Matrix out4 = attention_forward(q, k, v, shape, 8);
+  const auto g4 = attention_backward(q, k, v, dout, shape, 8);
   omp_set_num_threads(threads);
   EXPECT_TRUE(out1 == out4);
   EXPECT_TRUE(g1.dq == g4.dq);
