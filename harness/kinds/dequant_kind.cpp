@@ -159,9 +159,10 @@ void DequantTestbed::verify(CaseResult& out) {
   const std::string p = context_.id + "/gptq/";
   const bool keep = context_.options.keep_tensors;
   std::vector<report::Check> checks;
+  const auto ref_codes = bridge::to_tensor(ref_codes_);  // weight-sized: one copy for all checks
   checks.push_back(compare_exact(p + "codes",
                                  "quantizer codes vs reference decode of packed qweight", q_.codes,
-                                 bridge::to_tensor(ref_codes_), describe, keep));
+                                 ref_codes, describe, keep));
   checks.push_back(compare_exact(p + "zeros", "quantizer zeros vs reference decode of qzeros",
                                  q_.zeros, bridge::to_tensor(ref_zeros_), describe_zero, keep));
   // gradscope's own unpacking and zero-point decoding; another implementation is judged by
@@ -170,10 +171,10 @@ void DequantTestbed::verify(CaseResult& out) {
     const auto prod_codes = unpack_rows(packed_.qweight, c.gptq.bits, K);
     const auto prod_zeros = decode_zero_points(packed_.qzeros, c.gptq.bits, N, c.gptq.format);
     checks.push_back(compare_exact(p + "unpacked_codes", "prod unpack vs reference decode",
-                                   prod_codes, bridge::to_tensor(ref_codes_), describe, keep));
+                                   prod_codes, ref_codes, describe, keep));
     checks.push_back(compare_exact(p + "codes_roundtrip",
                                    "quantize -> pack -> unpack vs quantizer codes", prod_codes,
-                                   q_.codes.to(at::kLong), describe, keep));
+                                   q_.codes, describe, keep));
     checks.push_back(compare_exact(p + "decoded_zeros", "prod zero decode vs reference decode",
                                    prod_zeros, bridge::to_tensor(ref_zeros_), describe_zero, keep));
   }

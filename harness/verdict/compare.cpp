@@ -123,9 +123,13 @@ report::Check compare_exact(const std::string& path, const std::string& compared
                                          bridge::to_tensor_data(ref), std::nullopt};
   }
   const auto ref_rounded = ref.to(expected.dtype).contiguous();
-  const auto differs = bit_pattern(prod).ne(bit_pattern(ref_rounded));
-  check.mismatches = differs.sum().item<int64_t>();
-  const bool degenerate = check.numel == 0 || (!zero_allowed && !ref.ne(0).any().item<bool>());
+  // Equal bits (the usual outcome) are found in one pass without an elementwise temporary; the
+  // mask of differing elements is built only when something differs.
+  const bool identical = at::equal(bit_pattern(prod), bit_pattern(ref_rounded));
+  const auto differs = identical ? at::Tensor() : bit_pattern(prod).ne(bit_pattern(ref_rounded));
+  check.mismatches = identical ? 0 : differs.sum().item<int64_t>();
+  const bool degenerate =
+      check.numel == 0 || (!zero_allowed && ref.count_nonzero().item<int64_t>() == 0);
   check.passed = check.mismatches == 0 && !degenerate;
   // Bit-identical tensors differ by exactly 0: fp64 statistics only when something differs
   // (they are full-size temporaries, the bulk of the cost on 70B-sized weights).
