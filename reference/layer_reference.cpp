@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +67,13 @@ Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads) {
 
 namespace {
 
+void check_tile_rows(int64_t tile_rows) {
+  if (tile_rows < 1) {
+    throw std::invalid_argument("reference attention: tile_rows must be at least 1, got " +
+                                std::to_string(tile_rows));
+  }
+}
+
 // The row-softmax probabilities of query rows [i0, i1) of one (batch, head) block over the keys
 // they may attend, [0, i1): every later key is masked for all of them, so the tile's products
 // skip the masked half of the block, whose probabilities are exact zeros. Row r holds query
@@ -92,6 +101,7 @@ Matrix causal_probabilities(const Matrix& q, const Matrix& k, int64_t i0, int64_
 
 Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v, const AttentionShape& s,
                          int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   Matrix out = Matrix::Zero(q.rows(), q.cols());
   const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -112,6 +122,7 @@ Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v, cons
 
 AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& dout, const AttentionShape& s, int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   AttentionGrads g{Matrix::Zero(q.rows(), q.cols()), Matrix::Zero(k.rows(), k.cols()),
                    Matrix::Zero(v.rows(), v.cols())};
   const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "reference/layer_reference.h"
@@ -44,8 +45,9 @@ TEST(LayerReferenceGrad, RopeIsARotation) {
                      "dx");
 }
 
-// By tiles of query rows (2: tiles 2, 2 and a tail of 1; 3; one tile of the whole sequence):
+// By tiles of query rows (1; 2: tiles 2, 2 and a tail of 1; 3; one tile of the whole sequence):
 // each tiling's gradients pass the finite differences, and the tilings agree to fp64 rounding.
+// A tile of no rows is refused.
 TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
   Rng rng(3);
   const int64_t rows = kShape.batch * kShape.seq;
@@ -55,7 +57,7 @@ TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
   const Matrix dout = rng.normal(rows, q.cols());
   const Matrix whole_out = attention_forward(q, k, v, kShape, kShape.seq);
   const auto whole = attention_backward(q, k, v, dout, kShape, kShape.seq);
-  for (const int64_t tile : {int64_t{2}, int64_t{3}, kShape.seq}) {
+  for (const int64_t tile : {int64_t{1}, int64_t{2}, int64_t{3}, kShape.seq}) {
     SCOPED_TRACE("tile_rows " + std::to_string(tile));
     const auto g = attention_backward(q, k, v, dout, kShape, tile);
     const auto f = [&] { return dot(dout, attention_forward(q, k, v, kShape, tile)); };
@@ -71,13 +73,16 @@ TEST(LayerReferenceGrad, CausalGroupedQueryAttention) {
     EXPECT_NEAR((out.block(0, 0, 1, kShape.head_dim) - v.block(0, 0, 1, kShape.head_dim)).norm(),
                 0.0, 1e-12);
   }
+  EXPECT_THROW(attention_forward(q, k, v, kShape, 0), std::invalid_argument);
+  EXPECT_THROW(attention_backward(q, k, v, dout, kShape, 0), std::invalid_argument);
 }
 
 // The reference spreads attention over (batch, head) and sums each key/value head's shares
 // in head order afterwards: one thread and several give the same bits.
 TEST(LayerReference, AttentionDoesNotDependOnTheThreadCount) {
   Rng rng(4);
-  const AttentionShape shape{1, 32, 8, 2, 8};  // a key/value group spans threads
+  // A key/value group spans threads; two sequences; tiles of 8 rows leave a tail of 6.
+  const AttentionShape shape{2, 30, 8, 2, 8};
   const int64_t rows = shape.batch * shape.seq;
   const Matrix q = rng.normal(rows, shape.heads * shape.head_dim);
   const Matrix k = rng.normal(rows, shape.kv_heads * shape.head_dim);

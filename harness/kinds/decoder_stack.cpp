@@ -161,8 +161,11 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
                           int64_t position_offset) {
   DecoderLayer layer;
   layer.position_offset = position_offset;
-  layer.input_norm = L.input_norm.to(c.device);
-  layer.post_attention_norm = L.post_attention_norm.to(c.device);
+  // Copies even on the CPU (where .to would hand back the same tensor): a prod that writes
+  // into its norm weights must not move the baseline's, as with the packed words.
+  layer.input_norm = L.input_norm.to(c.device, /*non_blocking=*/false, /*copy=*/true);
+  layer.post_attention_norm =
+      L.post_attention_norm.to(c.device, /*non_blocking=*/false, /*copy=*/true);
   layer.norm_eps = d.rms_eps;
   layer.rope_theta = d.rope_theta;
   layer.heads = d.heads;
