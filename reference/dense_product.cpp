@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -207,6 +208,101 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
   });
 }
 
+namespace {
+
+thread_local Fp32Device* t_fp32_device = nullptr;
+
+// x v for x row-major [rows, cols] of floats (`transposed`: x^T v), in fp64; each element is
+// summed in one order whatever the thread count.
+Eigen::VectorXd times(const float* x, int64_t rows, int64_t cols, bool transposed,
+                      const Eigen::VectorXd& v) {
+  using Row = Eigen::Map<const Eigen::VectorXf>;
+  if (!transposed) {
+    Eigen::VectorXd out(rows);
+    for_each_row(rows, [&](int64_t r) { out(r) = Row(x + r * cols, cols).cast<double>().dot(v); });
+    return out;
+  }
+  // By blocks of columns, each summed over the rows in order.
+  constexpr int64_t kBlock = 256;
+  Eigen::VectorXd out = Eigen::VectorXd::Zero(cols);
+  for_each_row((cols + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t j0 = blk * kBlock, width = std::min(kBlock, cols - j0);
+    auto seg = out.segment(j0, width);
+    for (int64_t r = 0; r < rows; ++r) seg += v(r) * Row(x + r * cols + j0, width).cast<double>();
+  });
+  return out;
+}
+
+// Checks a device's c = op(A) op(B) of nonnegative floats against the operands, in fp64 from the
+// same floats (docs/verification.md, "The floor's products on the GPU"): Freivalds' two
+// projections, c v against op(A) (op(B) v) and c^T w against op(B)^T (op(A)^T w), with v and w
+// drawn from a fixed seed, and kSampled elements against their definition. A sum of nonnegative
+// fp32 terms, in any order, is within (k + 3) 2^-24 of its exact value, flushed terms included
+// (each below 2^-125 in the scales' units), and so is any positive combination of such sums.
+void check_device_product(const Fp32Product& p, const FloatRows& c, const std::string& device) {
+  constexpr int kSampled = 64;
+  const int64_t m = p.m, n = p.n, k = p.k;
+  const double rel = (double(k) + 3) * std::ldexp(1.0, -24) + std::ldexp(1.0, -40);
+  const double flushed = double(k) * std::ldexp(1.0, -124);  // an element's, in absolute terms
+  std::mt19937_64 gen(0x9e3779b97f4a7c15ULL);
+  std::uniform_real_distribution<double> positive(1.0, 2.0);
+  Eigen::VectorXd v(n), w(m);
+  for (auto& x : v) x = positive(gen);
+  for (auto& x : w) x = positive(gen);
+  const auto fail = [&](const std::string& what, int64_t index, double got, double exact) {
+    throw std::runtime_error("the floor's fp32 product on " + device + " (m " + std::to_string(m) +
+                             ", n " + std::to_string(n) + ", k " + std::to_string(k) +
+                             ") disagrees with its operands: " + what + " " +
+                             std::to_string(index) + " is " + std::to_string(got) +
+                             ", the operands give " + std::to_string(exact));
+  };
+  // Written so that a NaN fails.
+  const auto within = [&](double got, double exact, double weight) {
+    return std::abs(got - exact) <= rel * std::max(got, exact) + flushed * weight;
+  };
+  // op(A) [m, k] is A [m, k] or A^T with A [k, m]; op(B) likewise.
+  const auto a_times = [&](const Eigen::VectorXd& x, bool transposed) {  // op(A) x or op(A)^T x
+    return p.ta ? times(p.a, k, m, !transposed, x) : times(p.a, m, k, transposed, x);
+  };
+  const auto b_times = [&](const Eigen::VectorXd& x, bool transposed) {
+    return p.tb ? times(p.b, n, k, !transposed, x) : times(p.b, k, n, transposed, x);
+  };
+  const Eigen::VectorXd cv = times(c.data(), m, n, false, v),
+                        abv = a_times(b_times(v, false), false);
+  for (int64_t i = 0; i < m; ++i) {
+    if (!within(cv(i), abv(i), v.sum())) fail("c v's row", i, cv(i), abv(i));
+  }
+  const Eigen::VectorXd cw = times(c.data(), m, n, true, w), baw = b_times(a_times(w, true), true);
+  for (int64_t j = 0; j < n; ++j) {
+    if (!within(cw(j), baw(j), w.sum())) fail("c^T w's column", j, cw(j), baw(j));
+  }
+  std::uniform_int_distribution<int64_t> row(0, m - 1), col(0, n - 1);
+  for (int s = 0; s < kSampled; ++s) {
+    const int64_t i = row(gen), j = col(gen);
+    double exact = 0;
+    for (int64_t q = 0; q < k; ++q) {
+      const double aq = p.ta ? p.a[q * m + i] : p.a[i * k + q];
+      exact += aq * (p.tb ? p.b[j * k + q] : p.b[q * n + j]);
+    }
+    if (!within(double(c(i, j)), exact, 1.0)) fail("element", i * n + j, c(i, j), exact);
+  }
+}
+
+}  // namespace
+
+Fp32ProductsOn::Fp32ProductsOn(Fp32Device* device) : previous_(t_fp32_device) {
+  t_fp32_device = device;
+}
+
+Fp32ProductsOn::~Fp32ProductsOn() {
+  t_fp32_device = previous_;
+}
+
+bool worth_a_device(int64_t m, int64_t n, int64_t k) {
+  const double dm = double(m), dn = double(n), dk = double(k);
+  return dm * dn * dk >= kDeviceMinIntensity * (dm * dk + dk * dn + dm * dn);
+}
+
 void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
                       bool square_b) {
   const ProductShape s(a, op_a, b, op_b, c);
@@ -226,23 +322,16 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
   const blasint kk = dim(k, "an inner dimension");
   // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
   const double small = std::ldexp(static_cast<double>(k), -99);
-  for_each_tile(m, n, nonnegative_tiles(m, n), [&](int64_t i, int64_t j, blasint mt, blasint nt) {
-    const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
-    const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
-    FloatRows tile(mt, nt);
-    {
-      const FlushSubnormals flush;
-      scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, mt, nt, kk, 1.0f, pa, lda, pb, ldb, 0.0f,
-                        tile.data(), nt);
-    }
+  // Adds alpha times the fp32 block t (rows i.., columns j..; row stride ldt) to c.
+  const auto add_block = [&](const float* t, int64_t ldt, int64_t i, int64_t j, int64_t mt,
+                             int64_t nt) {
     for (int64_t r = 0; r < mt; ++r) {
       const int64_t row = i + r;
       if (sa.zero[row]) continue;
       for (int64_t q = 0; q < nt; ++q) {
         const int64_t col = j + q;
         if (sb.zero[col]) continue;
-        const double v = tile(r, q);
+        const double v = t[r * ldt + q];
         if (v >= small) {
           c(row, col) += alpha * std::ldexp(v, sa.exponent[row] + sb.exponent[col]);
           continue;
@@ -255,6 +344,28 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
         c(row, col) += alpha * exact;
       }
     }
+  };
+  Fp32Device* device = omp_get_level() == 0 ? t_fp32_device : nullptr;
+  if (device && worth_a_device(m, n, k)) {
+    const Fp32Product p{fa.data(), ta, fb.data(), tb, m, n, k};
+    FloatRows whole(m, n);
+    if (device->multiply(p, whole.data())) {
+      check_device_product(p, whole, device->name());
+      for_each_row(m, [&](int64_t r) { add_block(whole.data() + r * n, n, r, 0, 1, n); });
+      return;
+    }
+  }
+  for_each_tile(m, n, nonnegative_tiles(m, n), [&](int64_t i, int64_t j, blasint mt, blasint nt) {
+    const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
+    const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
+    FloatRows tile(mt, nt);
+    {
+      const FlushSubnormals flush;
+      scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, mt, nt, kk, 1.0f, pa, lda, pb, ldb, 0.0f,
+                        tile.data(), nt);
+    }
+    add_block(tile.data(), nt, i, j, mt, nt);
   });
 }
 

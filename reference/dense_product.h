@@ -10,6 +10,8 @@
 // parallel region (attention's heads) the tiles run on the calling thread.
 #pragma once
 
+#include <string>
+
 #include "reference/gptq_reference.h"
 
 namespace gradscope::reference {
@@ -33,6 +35,49 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
 // `square_b`: op(B)'s elements squared, B given as is (its fp64 square never materialised).
 void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
                       bool square_b = false);
+
+// An fp32 product of gemm_nonnegative's scaled operands, as handed to another device: op(A)
+// [m, k] times op(B) [k, n]; A is row-major [m, k], or [k, m] where ta, and B likewise.
+struct Fp32Product {
+  const float* a;
+  bool ta;
+  const float* b;
+  bool tb;
+  int64_t m, n, k;
+};
+
+// A device that computes gemm_nonnegative's fp32 products in place of this host's BLAS: the
+// harness offers a case's GPU (docs/verification.md, "The floor's products on the GPU").
+class Fp32Device {
+ public:
+  virtual ~Fp32Device() = default;
+  virtual std::string name() const = 0;
+  // c [m, n], row-major = op(A) op(B), each element a sum of fp32 products accumulated in fp32.
+  // False: the device declines (its products would round the operands, as TF32 does) and the
+  // host computes it.
+  virtual bool multiply(const Fp32Product& p, float* c) = 0;
+};
+
+// For its lifetime, gemm_nonnegative on the calling thread hands each product worth its
+// transfers (worth_a_device) to `device` and checks the result against the operands: a wrong
+// one throws std::runtime_error naming the device and the shape. nullptr: the host's BLAS.
+// Products inside another parallel region, and on other threads, stay on the host.
+class Fp32ProductsOn {
+ public:
+  explicit Fp32ProductsOn(Fp32Device* device);
+  ~Fp32ProductsOn();
+  Fp32ProductsOn(const Fp32ProductsOn&) = delete;
+  Fp32ProductsOn& operator=(const Fp32ProductsOn&) = delete;
+
+ private:
+  Fp32Device* previous_;
+};
+
+// Whether a product of these shapes goes to a device: the operands and the result cross to it
+// and back once (m k + k n + m n elements) against m n k multiply-adds, so small or thin
+// products are faster on the host. Shapes alone decide.
+inline constexpr double kDeviceMinIntensity = 512;
+bool worth_a_device(int64_t m, int64_t n, int64_t k);
 
 // alpha op(A) op(B), a new matrix.
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha = 1.0);

@@ -1,11 +1,16 @@
 // The case engine's phases (harness/engine/case_kind.h): the judges (ref, floor) run beside the
 // baseline (after prod) change no check of any kind that allows it, and the metrics come in the
 // same order as when the phases run one after another.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
 
 #include <string>
 #include <vector>
 
+#include "gradscope/dequant.h"
 #include "harness/catalog/case_file.h"
 #include "harness/catalog/kind_registry.h"
 #include "harness/engine/case_kind.h"
@@ -64,6 +69,47 @@ TEST(CaseEngine, JudgesBesideTheImplementationsChangeNoCheck) {
       EXPECT_EQ(a.failure, b.failure) << a.path;
     }
     EXPECT_EQ(metric_names(apart), metric_names(beside)) << id;
+  }
+}
+
+// The floor's products of squares on the case's GPU (harness/engine/judge_device.h): a CUDA
+// case whose base products are worth the device, against the same case with the floor on the
+// host. The implementations' errors are the same computation; each floor moves by at most the
+// fp32 products' bound (k + 3) 2^-24, halved by its square root, and no status changes.
+TEST(CaseEngine, FloorProductsOnTheGpuChangeNoVerdict) {
+  if (!built_with_cuda() || !at::hasCUDA()) {
+    if (std::getenv("GRADSCOPE_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA GPU or CUDA build";
+    GTEST_SKIP() << "needs a CUDA GPU";
+  }
+  testing::TempDir dir;
+  const auto specs = load_case_file(
+      dir.write("gpu.toml",
+                "kind = \"lora_w\"\nin_features = 2048\nout_features = 2560\nbatch = 2\n"
+                "seq = 1024\ndtype = \"bf16\"\ndevice = \"cuda\"\nrank = 16\n"));
+  ASSERT_EQ(specs.size(), 1u);
+  const auto& spec = specs[0];
+  const std::string id = find_kind(spec.kind)->case_id(spec);
+  RunOptions on_gpu, on_host;
+  on_host.floor_on_host = true;
+  const CaseResult gpu = find_kind(spec.kind)->run(spec, id, on_gpu);
+  const CaseResult host = find_kind(spec.kind)->run(spec, id, on_host);
+  double products = -1;
+  for (const auto& [name, value] : gpu.metrics) {
+    if (name == "floor.gpu_products") products = value;
+  }
+  for (const auto& [name, value] : host.metrics) EXPECT_NE(name, "floor.gpu_products");
+  // x^2 W^2 forward, dY^2 (W^2)^T backward.
+  EXPECT_GE(products, 2) << "the base products did not reach the GPU";
+  ASSERT_EQ(gpu.checks.size(), host.checks.size());
+  const double bound = (2560 + 3) * std::ldexp(1.0, -24);
+  for (size_t i = 0; i < gpu.checks.size(); ++i) {
+    const auto &g = gpu.checks[i], &h = host.checks[i];
+    EXPECT_EQ(g.path, h.path);
+    EXPECT_STREQ(g.status(), h.status()) << g.path;
+    ASSERT_EQ(g.floor.has_value(), h.floor.has_value()) << g.path;
+    if (h.floor) {
+      EXPECT_LE(std::abs(*g.floor - *h.floor), bound * *h.floor) << g.path;
+    }
   }
 }
 

@@ -9,8 +9,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #if defined(__SSE__)
 #include <pmmintrin.h>
@@ -264,6 +269,130 @@ TEST(DenseProduct, NonnegativeTallTilesKeepTheBoundAndTheBits) {
     }
   }
   omp_set_num_threads(threads);
+}
+
+// Stand-ins for a device (the harness hands a case's GPU to the floor): one that computes the
+// fp32 product faithfully, with Eigen's float GEMM, and one that breaks it after computing it.
+class EigenFp32Device : public Fp32Device {
+ public:
+  std::string name() const override { return "eigen-fp32"; }
+  bool multiply(const Fp32Product& p, float* c) override {
+    ++calls;
+    using Floats = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Map<const Floats> a(p.a, p.ta ? p.k : p.m, p.ta ? p.m : p.k);
+    const Eigen::Map<const Floats> b(p.b, p.tb ? p.n : p.k, p.tb ? p.k : p.n);
+    Eigen::Map<Floats> out(c, p.m, p.n);
+    if (p.ta && p.tb) {
+      out.noalias() = a.transpose() * b.transpose();
+    } else if (p.ta) {
+      out.noalias() = a.transpose() * b;
+    } else if (p.tb) {
+      out.noalias() = a * b.transpose();
+    } else {
+      out.noalias() = a * b;
+    }
+    if (breaks) breaks(out);
+    return !declines;
+  }
+  std::function<void(
+      Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>&)>
+      breaks;
+  bool declines = false;
+  int calls = 0;
+};
+
+// The smallest cube worth a device (its operands' transfers against its multiply-adds).
+constexpr int64_t kDeviceCube = 1536;
+
+TEST(DenseProduct, OnlyProductsWorthTheirTransfersGoToADevice) {
+  EXPECT_TRUE(worth_a_device(kDeviceCube, kDeviceCube, kDeviceCube));
+  EXPECT_FALSE(worth_a_device(kDeviceCube - 1, kDeviceCube - 1, kDeviceCube - 1));
+  EXPECT_TRUE(worth_a_device(2048, 28672, 8192));  // a 70B MLP's projection over 2048 tokens
+  EXPECT_FALSE(worth_a_device(16, 28672, 8192));   // an adapter's product: thin
+  EigenFp32Device device;
+  const Fp32ProductsOn on(&device);
+  const Matrix a = nonnegative(kDeviceCube - 1, 64, 20, false, false);
+  const Matrix b = nonnegative(64, 64, 21, false, false);
+  Matrix c = Matrix::Zero(a.rows(), b.cols());
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+  EXPECT_EQ(device.calls, 0);
+}
+
+// A device's products, with operands spanning more than fp32's range (rows scaled by 2^300,
+// columns by 2^-300), transposed and not: within the bound of the fp64 product, as the host's.
+TEST(DenseProduct, NonnegativeOnADeviceKeepsTheBound) {
+  const int64_t s = kDeviceCube;
+  EigenFp32Device device;
+  for (const bool transposed : {false, true}) {
+    const Op op = transposed ? Op::kTransposed : Op::kPlain;
+    const Matrix a =
+        transposed ? nonnegative(s, s, 22, false, true) : nonnegative(s, s, 22, true, false);
+    const Matrix b = random_matrix(s, s, 23);  // squared by the product (square_b)
+    const Matrix b2 = b.cwiseAbs2();
+    Matrix exact = Matrix::Zero(s, s), c = Matrix::Zero(s, s);
+    gemm(1.0, a, op, b2, op, 0.0, exact);
+    {
+      const Fp32ProductsOn on(&device);
+      gemm_nonnegative(1.0, a, op, b, op, c, /*square_b=*/true);
+    }
+    const double rel = double(s + 3) * std::ldexp(1.0, -24);
+    for (int64_t i = 0; i < s; ++i) {
+      for (int64_t j = 0; j < s; ++j) {
+        ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j) + 1e-15 * exact(i, j))
+            << "element (" << i << ", " << j << "), transposed " << transposed;
+      }
+    }
+  }
+  EXPECT_EQ(device.calls, 2);
+}
+
+// A device that declines: the host's product, bit for bit; after the scope, the host's alone.
+TEST(DenseProduct, ADeviceThatDeclinesLeavesTheHostsBits) {
+  const int64_t s = kDeviceCube;
+  const Matrix a = random_matrix(s, s, 24).cwiseAbs2(), b = random_matrix(s, s, 25).cwiseAbs2();
+  Matrix host = Matrix::Zero(s, s), declined = Matrix::Zero(s, s);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, host);
+  EigenFp32Device device;
+  device.declines = true;
+  {
+    const Fp32ProductsOn on(&device);
+    gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, declined);
+  }
+  EXPECT_EQ(device.calls, 1);
+  EXPECT_TRUE(same_bits(host, declined));
+  Matrix after = Matrix::Zero(s, s);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, after);
+  EXPECT_EQ(device.calls, 1);
+  EXPECT_TRUE(same_bits(host, after));
+}
+
+// Wrong products a device could hand back, each caught by the check and named: one element
+// doubled, a NaN, the last row lost, the result transposed, all off by 0.1%.
+TEST(DenseProduct, AWrongDeviceProductIsRefused) {
+  const int64_t s = kDeviceCube;
+  const Matrix a = random_matrix(s, s, 26).cwiseAbs2(), b = random_matrix(s, s, 27).cwiseAbs2();
+  using Out = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  const std::vector<std::pair<std::string, std::function<void(Out&)>>> faults = {
+      {"one element doubled", [](Out& c) { c(700, 900) *= 2; }},
+      {"a NaN", [](Out& c) { c(3, 5) = std::numeric_limits<float>::quiet_NaN(); }},
+      {"the last row lost", [](Out& c) { c.row(c.rows() - 1).setZero(); }},
+      {"transposed", [](Out& c) { c.transposeInPlace(); }},
+      {"all 0.1% high", [](Out& c) { c *= 1.001f; }},
+  };
+  for (const auto& [what, fault] : faults) {
+    EigenFp32Device device;
+    device.breaks = fault;
+    const Fp32ProductsOn on(&device);
+    Matrix c = Matrix::Zero(s, s);
+    try {
+      gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+      ADD_FAILURE() << what << ": not refused";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("on eigen-fp32 (m 1536, n 1536, k 1536)"),
+                std::string::npos)
+          << what << ": " << e.what();
+    }
+  }
 }
 
 TEST(DenseProduct, EmptyInnerDimensionScalesC) {

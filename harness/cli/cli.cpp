@@ -201,6 +201,9 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_flag("--allow-unsupported", a.o.allow_unsupported,
                 "exit 0 when the implementation declined every case (default: exit 2, nothing "
                 "was judged)");
+  run->add_flag("--floor-on-host", a.o.floor_on_host,
+                "compute the floor's products of squares on the host's BLAS for CUDA cases too "
+                "(default: the large ones on the case's GPU, each checked on the host)");
   run->add_option("--dist-timeout", a.o.dist_timeout,
                   "under torchrun: seconds a rank waits for another (default 300)")
       ->check(CLI::Range(1, 86400));

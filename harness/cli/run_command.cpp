@@ -195,6 +195,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   const report::ConsoleOptions console{o.quiet};
   RunOptions options;
   options.keep_tensors = !o.dump.empty();
+  options.floor_on_host = o.floor_on_host;
   options.impl = o.impl.ns;
   options.ops_libraries = o.impl.libraries;
   options.imports = o.impl.imports;

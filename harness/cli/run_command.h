@@ -19,6 +19,7 @@ struct ReportOptions {
   double against_factor = 1.25;
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
   bool allow_unsupported = false;  // a run that judged nothing exits 0 instead of 2
+  bool floor_on_host = false;      // the floor's products of squares stay off the GPU
   int dist_timeout = 300;          // seconds: under torchrun, the longest wait for another rank
 };
 

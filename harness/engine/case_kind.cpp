@@ -1,6 +1,7 @@
 #include "harness/engine/case_kind.h"
 
 #include "harness/common/input_error.h"
+#include "harness/engine/judge_device.h"
 
 #include <future>
 
@@ -91,8 +92,11 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
     phase("prod", cuda, true, implementation_metrics, &Testbed::prod);
     if (plan.base) phase("base", cuda, true, implementation_metrics, &Testbed::base);
   };
-  // The judges compute on the host: their timers need not wait for the device.
+  // The judges compute on the host, their timers need not wait for the device, but for the
+  // floor's large products of squares, handed to the case's GPU and checked on their return.
+  const auto judge_device = cuda && !options.floor_on_host ? cuda_fp32_device() : nullptr;
   const auto judges = [&] {
+    const reference::Fp32ProductsOn products(judge_device.get());
     phase("ref", false, false, judge_metrics, &Testbed::ref);
     if (plan.floor) phase("floor", false, false, judge_metrics, &Testbed::floor);
   };
@@ -120,6 +124,7 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
   const auto merge = [&](const Metrics& m) {
     out.metrics.insert(out.metrics.end(), m.begin(), m.end());
   };
+  if (judge_device) judge_metrics.emplace_back("floor.gpu_products", judge_device->products());
   merge(plan.judges_first ? judge_metrics : implementation_metrics);
   merge(plan.judges_first ? implementation_metrics : judge_metrics);
   testbed->verify(out);

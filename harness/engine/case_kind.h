@@ -26,6 +26,9 @@ struct RunOptions {
   // ref and floor on a host thread beside base (PhasePlan); unset: on CUDA only, where the
   // baseline is device work. Set for a CPU case by the tests of that overlap.
   std::optional<bool> overlap_judges;
+  // The floor's fp32 products of squares on this host's BLAS even for a CUDA case
+  // (--floor-on-host); else the large ones run on the case's GPU (engine/judge_device.h).
+  bool floor_on_host = false;
   // The namespace whose operators are prod (--impl; harness/impl/impl_ops.h).
   std::string impl = "gradscope";
   std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
