@@ -33,6 +33,8 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
 // computed again in fp64 from the operands, and operands with a non-finite element are
 // multiplied in fp64 throughout. Values do not depend on the thread count (the tiles of gemm).
 // `square_b`: op(B)'s elements squared, B given as is (its fp64 square never materialised).
+// On a thread lent a device (Fp32ProductsOn), a product worth it is computed there instead, and
+// checked on the host before it is used.
 void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
                       bool square_b = false);
 
