@@ -88,20 +88,31 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
     timer.finish(name, metrics);
   };
   Metrics implementation_metrics, judge_metrics;
+  // The judges compute on the host, their timers need not wait for the device, but for the
+  // floor's large products of squares, handed to the case's GPU and checked on their return;
+  // those wait for the baseline's phase to end, whichever thread runs it.
+  std::promise<void> base_done;
+  std::unique_ptr<JudgeDevice> judge_device;  // after generate: the case's device is usable
+  bool base_over = false;
+  const auto end_base = [&] {
+    if (!base_over) base_done.set_value();
+    base_over = true;
+  };
   const auto implementations = [&] {
     phase("prod", cuda, true, implementation_metrics, &Testbed::prod);
     if (plan.base) phase("base", cuda, true, implementation_metrics, &Testbed::base);
+    end_base();
   };
-  // The judges compute on the host, their timers need not wait for the device, but for the
-  // floor's large products of squares, handed to the case's GPU and checked on their return.
-  const auto judge_device = cuda && !options.floor_on_host ? cuda_fp32_device() : nullptr;
   const auto judges = [&] {
     const reference::Fp32ProductsOn products(judge_device.get());
     phase("ref", false, false, judge_metrics, &Testbed::ref);
     if (plan.floor) phase("floor", false, false, judge_metrics, &Testbed::floor);
   };
   phase("generate", cuda, false, out.metrics, &Testbed::generate);
+  if (cuda && !options.floor_on_host)
+    judge_device = cuda_fp32_device(base_done.get_future().share());
   if (plan.judges_first) {
+    end_base();  // nothing of the baseline's runs before the judges end
     judges();
     implementations();
   } else if (options.overlap_judges.value_or(cuda)) {
@@ -112,7 +123,9 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
     auto judged = std::async(std::launch::async, judges);
     try {
       if (plan.base) phase("base", cuda, true, implementation_metrics, &Testbed::base);
+      end_base();
     } catch (...) {
+      end_base();
       judged.wait();  // the judges use the testbed: it outlives them
       throw;
     }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
 
 #ifdef GRADSCOPE_WITH_CUDA
 #include <ATen/Context.h>
@@ -17,7 +18,8 @@ namespace {
 
 class CudaFp32Device final : public JudgeDevice {
  public:
-  explicit CudaFp32Device(c10::DeviceIndex index) : index_(index) {}
+  CudaFp32Device(c10::DeviceIndex index, std::shared_future<void> after)
+      : index_(index), after_(std::move(after)) {}
 
   std::string name() const override { return "cuda:" + std::to_string(index_); }
   int64_t products() const override { return products_; }
@@ -25,6 +27,7 @@ class CudaFp32Device final : public JudgeDevice {
   bool multiply(const reference::Fp32Product& p, float* c) override {
     // TF32 would round each operand to 10 bits of mantissa, outside the product's bound.
     if (at::globalContext().allowTF32CuBLAS()) return false;
+    after_.wait();
     const c10::cuda::CUDAGuard guard(index_);
     const auto host = at::TensorOptions().dtype(at::kFloat);
     const auto to_gpu = [&](const float* x, int64_t rows, int64_t cols) {
@@ -40,16 +43,17 @@ class CudaFp32Device final : public JudgeDevice {
 
  private:
   c10::DeviceIndex index_;
+  std::shared_future<void> after_;
   int64_t products_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<JudgeDevice> cuda_fp32_device() {
-  return std::make_unique<CudaFp32Device>(c10::cuda::current_device());
+std::unique_ptr<JudgeDevice> cuda_fp32_device(std::shared_future<void> after) {
+  return std::make_unique<CudaFp32Device>(c10::cuda::current_device(), std::move(after));
 }
 #else
-std::unique_ptr<JudgeDevice> cuda_fp32_device() {
+std::unique_ptr<JudgeDevice> cuda_fp32_device(std::shared_future<void>) {
   return nullptr;
 }
 #endif

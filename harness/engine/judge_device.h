@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 
 #include "reference/dense_product.h"
@@ -18,7 +19,8 @@ class JudgeDevice : public reference::Fp32Device {
 };
 
 // The current CUDA device of the calling thread, captured now (the judges run on another
-// thread); nullptr where gradscope is built without CUDA.
-std::unique_ptr<JudgeDevice> cuda_fp32_device();
+// thread); nullptr where gradscope is built without CUDA. Its first product waits for `after`
+// (the baseline's phase: its time and peak device memory stay its own).
+std::unique_ptr<JudgeDevice> cuda_fp32_device(std::shared_future<void> after);
 
 }  // namespace gradscope
