@@ -137,7 +137,9 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
   const auto merge = [&](const Metrics& m) {
     out.metrics.insert(out.metrics.end(), m.begin(), m.end());
   };
-  if (judge_device) judge_metrics.emplace_back("floor.gpu_products", judge_device->products());
+  if (judge_device && judge_device->products() > 0) {
+    judge_metrics.emplace_back("floor.gpu_products", judge_device->products());
+  }
   merge(plan.judges_first ? judge_metrics : implementation_metrics);
   merge(plan.judges_first ? implementation_metrics : judge_metrics);
   testbed->verify(out);
