@@ -256,9 +256,10 @@ void check_device_product(const Fp32Product& p, const FloatRows& c, const std::s
                              std::to_string(index) + " is " + std::to_string(got) +
                              ", the operands give " + std::to_string(exact));
   };
-  // Written so that a NaN fails.
+  // A NaN or an infinity fails (the operands are finite, and so is their exact product).
   const auto within = [&](double got, double exact, double weight) {
-    return std::abs(got - exact) <= rel * std::max(got, exact) + flushed * weight;
+    return std::isfinite(got) &&
+           std::abs(got - exact) <= rel * std::max(got, exact) + flushed * weight;
   };
   // op(A) [m, k] is A [m, k] or A^T with A [k, m]; op(B) likewise.
   const auto a_times = [&](const Eigen::VectorXd& x, bool transposed) {  // op(A) x or op(A)^T x

@@ -73,9 +73,10 @@ TEST(CaseEngine, JudgesBesideTheImplementationsChangeNoCheck) {
 }
 
 // The floor's products of squares on the case's GPU (harness/engine/judge_device.h): a CUDA
-// case whose base products are worth the device, against the same case with the floor on the
-// host. The implementations' errors are the same computation; each floor moves by at most the
-// fp32 products' bound (k + 3) 2^-24, halved by its square root, and no status changes.
+// case whose base products are worth the device (m, n and k distinct), against the same case
+// with the floor on the host. The implementations' errors are the same computation; each floor
+// moves by at most the fp32 products' bound (k + 3) 2^-24, halved by its square root, and no status
+// changes.
 TEST(CaseEngine, FloorProductsOnTheGpuChangeNoVerdict) {
   if (!built_with_cuda() || !at::hasCUDA()) {
     if (std::getenv("GRADSCOPE_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA GPU or CUDA build";
@@ -84,8 +85,8 @@ TEST(CaseEngine, FloorProductsOnTheGpuChangeNoVerdict) {
   testing::TempDir dir;
   const auto specs = load_case_file(
       dir.write("gpu.toml",
-                "kind = \"lora_w\"\nin_features = 2048\nout_features = 2560\nbatch = 2\n"
-                "seq = 1024\ndtype = \"bf16\"\ndevice = \"cuda\"\nrank = 16\n"));
+                "kind = \"lora_w\"\nin_features = 1792\nout_features = 2560\nbatch = 2\n"
+                "seq = 1000\ndtype = \"bf16\"\ndevice = \"cuda\"\nrank = 16\n"));
   ASSERT_EQ(specs.size(), 1u);
   const auto& spec = specs[0];
   const std::string id = find_kind(spec.kind)->case_id(spec);

@@ -301,49 +301,77 @@ class EigenFp32Device : public Fp32Device {
   int calls = 0;
 };
 
-// The smallest cube worth a device (its operands' transfers against its multiply-adds).
+// The smallest cube worth a device (its operands' transfers against its multiply-adds), and a
+// product worth one whose three dimensions differ.
 constexpr int64_t kDeviceCube = 1536;
+constexpr Shape kDeviceShape{1600, 1800, 2000};
 
 TEST(DenseProduct, OnlyProductsWorthTheirTransfersGoToADevice) {
   EXPECT_TRUE(worth_a_device(kDeviceCube, kDeviceCube, kDeviceCube));
   EXPECT_FALSE(worth_a_device(kDeviceCube - 1, kDeviceCube - 1, kDeviceCube - 1));
+  EXPECT_TRUE(worth_a_device(kDeviceShape.m, kDeviceShape.n, kDeviceShape.k));
   EXPECT_TRUE(worth_a_device(2048, 28672, 8192));  // a 70B MLP's projection over 2048 tokens
   EXPECT_FALSE(worth_a_device(16, 28672, 8192));   // an adapter's product: thin
   EigenFp32Device device;
   const Fp32ProductsOn on(&device);
-  const Matrix a = nonnegative(kDeviceCube - 1, 64, 20, false, false);
-  const Matrix b = nonnegative(64, 64, 21, false, false);
-  Matrix c = Matrix::Zero(a.rows(), b.cols());
+  const int64_t s = kDeviceCube - 1;
+  const Matrix a = random_matrix(s, s, 20).cwiseAbs2(), b = random_matrix(s, s, 21).cwiseAbs2();
+  Matrix c = Matrix::Zero(s, s);
   gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
   EXPECT_EQ(device.calls, 0);
 }
 
-// A device's products, with operands spanning more than fp32's range (rows scaled by 2^300,
-// columns by 2^-300), transposed and not: within the bound of the fp64 product, as the host's.
+// A device's products in every transpose combination, m, n and k distinct, with operands
+// spanning more than fp32's range (rows scaled by 2^300, columns by 2^-300) and B squared by
+// the product: within the bound of the fp64 product, as the host's.
 TEST(DenseProduct, NonnegativeOnADeviceKeepsTheBound) {
-  const int64_t s = kDeviceCube;
+  const auto [m, n, k] = kDeviceShape;
   EigenFp32Device device;
-  for (const bool transposed : {false, true}) {
-    const Op op = transposed ? Op::kTransposed : Op::kPlain;
-    const Matrix a =
-        transposed ? nonnegative(s, s, 22, false, true) : nonnegative(s, s, 22, true, false);
-    const Matrix b = random_matrix(s, s, 23);  // squared by the product (square_b)
-    const Matrix b2 = b.cwiseAbs2();
-    Matrix exact = Matrix::Zero(s, s), c = Matrix::Zero(s, s);
-    gemm(1.0, a, op, b2, op, 0.0, exact);
-    {
-      const Fp32ProductsOn on(&device);
-      gemm_nonnegative(1.0, a, op, b, op, c, /*square_b=*/true);
-    }
-    const double rel = double(s + 3) * std::ldexp(1.0, -24);
-    for (int64_t i = 0; i < s; ++i) {
-      for (int64_t j = 0; j < s; ++j) {
-        ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j) + 1e-15 * exact(i, j))
-            << "element (" << i << ", " << j << "), transposed " << transposed;
+  for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
+    for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+      const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
+      const Matrix a = pa ? nonnegative(m, k, 22, true, false) : nonnegative(k, m, 22, false, true);
+      const Matrix b = pb ? random_matrix(k, n, 23) : random_matrix(n, k, 23);
+      Matrix exact = Matrix::Zero(m, n), c = Matrix::Zero(m, n);
+      gemm(1.0, a, op_a, b.cwiseAbs2(), op_b, 0.0, exact);
+      {
+        const Fp32ProductsOn on(&device);
+        gemm_nonnegative(1.0, a, op_a, b, op_b, c, /*square_b=*/true);
+      }
+      const double rel = double(k + 3) * std::ldexp(1.0, -24) + 1e-15;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j))
+              << "element (" << i << ", " << j << "), op_a " << int(op_a) << " op_b " << int(op_b);
+        }
       }
     }
   }
-  EXPECT_EQ(device.calls, 2);
+  EXPECT_EQ(device.calls, 4);
+}
+
+// What the device hands back is what C receives: a product 2^-14 high (within the bound at
+// k = 2000, so the check passes it) comes out 2^-14 above the host's, element by element.
+TEST(DenseProduct, TheDevicesProductIsTheOneUsed) {
+  const auto [m, n, k] = kDeviceShape;
+  const Matrix a = random_matrix(k, m, 28).cwiseAbs2(), b = random_matrix(n, k, 29).cwiseAbs2();
+  Matrix host = Matrix::Zero(m, n), high = Matrix::Zero(m, n);
+  gemm_nonnegative(1.0, a, Op::kTransposed, b, Op::kTransposed, host);
+  EigenFp32Device device;
+  const float factor = 1.0f + std::ldexp(1.0f, -14);
+  device.breaks = [factor](auto& c) { c *= factor; };
+  {
+    const Fp32ProductsOn on(&device);
+    gemm_nonnegative(1.0, a, Op::kTransposed, b, Op::kTransposed, high);
+  }
+  ASSERT_EQ(device.calls, 1);
+  // Host and device each within (k + 3) 2^-24 of the exact product, in practice far closer.
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_NEAR(high(i, j) / host(i, j) - 1.0, std::ldexp(1.0, -14), 1e-5)
+          << "element (" << i << ", " << j << ")";
+    }
+  }
 }
 
 // A device that declines: the host's product, bit for bit; after the scope, the host's alone.
@@ -367,7 +395,7 @@ TEST(DenseProduct, ADeviceThatDeclinesLeavesTheHostsBits) {
 }
 
 // Wrong products a device could hand back, each caught by the check and named: one element
-// doubled, a NaN, the last row lost, the result transposed, all off by 0.1%.
+// doubled, a NaN, an infinity, the last row lost, the result transposed, all off by 0.1%.
 TEST(DenseProduct, AWrongDeviceProductIsRefused) {
   const int64_t s = kDeviceCube;
   const Matrix a = random_matrix(s, s, 26).cwiseAbs2(), b = random_matrix(s, s, 27).cwiseAbs2();
@@ -375,6 +403,7 @@ TEST(DenseProduct, AWrongDeviceProductIsRefused) {
   const std::vector<std::pair<std::string, std::function<void(Out&)>>> faults = {
       {"one element doubled", [](Out& c) { c(700, 900) *= 2; }},
       {"a NaN", [](Out& c) { c(3, 5) = std::numeric_limits<float>::quiet_NaN(); }},
+      {"an infinity", [](Out& c) { c(4, 6) = std::numeric_limits<float>::infinity(); }},
       {"the last row lost", [](Out& c) { c.row(c.rows() - 1).setZero(); }},
       {"transposed", [](Out& c) { c.transposeInPlace(); }},
       {"all 0.1% high", [](Out& c) { c *= 1.001f; }},
