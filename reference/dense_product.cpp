@@ -39,6 +39,58 @@ blasint dim(int64_t v, const char* what) {
 
 using FloatRows = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// An operand's values before squaring, read a block at a time: its own elements, or
+// value + scaling L R formed block by block (no weight-sized fp64 copy; a weight-sized one
+// cost more in allocation and passes over memory than the low-rank products it holds).
+class OperandValues {
+ public:
+  using Block = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
+
+  explicit OperandValues(const NonnegativeOperand& b) : b_(b) {}
+  int64_t rows() const { return b_.value.rows(); }
+  int64_t cols() const { return b_.value.cols(); }
+  bool squared() const { return b_.squared; }
+  // Rows read together: a low-rank term's blocks are products, whose values must not depend on
+  // how many rows a thread takes, so their grid is fixed; the value alone is read a row at a
+  // time (a short operand still spreads over the threads).
+  int64_t block_rows() const { return b_.low_rank_left ? 64 : 1; }
+
+  // Rows [r0, r0 + nr) and columns [c0, c0 + nc): a view of the value, or `work` holding
+  // value + scaling L R there.
+  Block block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, Matrix& work) const {
+    const double* first = b_.value.data() + r0 * cols() + c0;
+    if (!b_.low_rank_left) return Block(first, nr, nc, Eigen::OuterStride<>(cols()));
+    work = Block(first, nr, nc, Eigen::OuterStride<>(cols()));
+    work.noalias() +=
+        b_.scaling * b_.low_rank_left->middleRows(r0, nr) * b_.low_rank_right->middleCols(c0, nc);
+    return Block(work.data(), nr, nc, Eigen::OuterStride<>(nc));
+  }
+  // Element (r, c), squared where the operand is.
+  double at(int64_t r, int64_t c) const {
+    double v = b_.value(r, c);
+    if (b_.low_rank_left) {
+      v += b_.scaling * b_.low_rank_left->row(r).dot(b_.low_rank_right->col(c));
+    }
+    return b_.squared ? v * v : v;
+  }
+  // The whole operand, squared where it is: for the fp64 path of a non-finite operand.
+  Matrix whole() const {
+    Matrix out(rows(), cols());
+    for_each_row(rows(), [&](int64_t r) {
+      Matrix work;
+      out.row(r) = block(r, 1, 0, cols(), work);
+      if (b_.squared) out.row(r) = out.row(r).cwiseAbs2();
+    });
+    return out;
+  }
+
+ private:
+  const NonnegativeOperand b_;
+};
+
+// Columns of an operand read together.
+constexpr int64_t kBlockCols = 256;
+
 // The power-of-two scales of a nonnegative operand's rows or columns (`along_rows`: one per
 // row, else one per column): exponent e with max * 2^-e in [1, 2), or `zero` set where the
 // row or column is all zero. False if an element is not finite.
@@ -47,40 +99,48 @@ struct Scales {
   std::vector<double> factor;  // 2^-exponent
   std::vector<char> zero;
 };
-// `squared`: the scales of x's elementwise square (x itself is read).
-bool scales_of(const Matrix& x, bool along_rows, bool squared, Scales& out) {
-  const int64_t lines = along_rows ? x.rows() : x.cols();
+bool scales_of(const OperandValues& x, bool along_rows, Scales& out) {
+  const bool squared = x.squared();
+  const int64_t rows = x.rows(), cols = x.cols(), lines = along_rows ? rows : cols;
   Eigen::VectorXd largest = Eigen::VectorXd::Zero(lines);
-  std::vector<char> finite(static_cast<size_t>(along_rows ? lines : 1), 1);
-  if (along_rows) {
-    for_each_row(lines, [&](int64_t r) {
-      const auto row = x.row(r);
-      if (!row.allFinite()) finite[r] = 0;
-      largest(r) = squared ? row.cwiseAbs().maxCoeff() : row.maxCoeff();
-    });
-  } else {
-    // Blocks of columns, each scanning every row: a maximum does not depend on the order.
-    constexpr int64_t kBlock = 256;
-    const int64_t blocks = (lines + kBlock - 1) / kBlock;
-    std::vector<char> block_finite(static_cast<size_t>(blocks), 1);
-    for_each_row(blocks, [&](int64_t blk) {
-      const int64_t j0 = blk * kBlock, w = std::min(kBlock, lines - j0);
-      auto block = largest.segment(j0, w);
-      bool all_finite = true;
-      for (int64_t r = 0; r < x.rows(); ++r) {
-        const auto seg = x.row(r).segment(j0, w).transpose();
-        all_finite = all_finite && seg.allFinite();
-        if (squared) {
-          block = block.cwiseMax(seg.cwiseAbs());
-        } else {
-          block = block.cwiseMax(seg);
-        }
+  // Blocks of rows, each scanning every column, or blocks of columns, each scanning every row:
+  // a maximum does not depend on the order.
+  const int64_t block_rows = x.block_rows();
+  const int64_t items =
+      along_rows ? (rows + block_rows - 1) / block_rows : (cols + kBlockCols - 1) / kBlockCols;
+  std::vector<char> item_finite(static_cast<size_t>(items), 1);
+  for_each_row(items, [&](int64_t item) {
+    Matrix work;
+    bool all_finite = true;
+    const auto visit = [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+      const auto b = x.block(r0, nr, c0, nc, work);
+      all_finite = all_finite && b.allFinite();
+      auto rows_of = largest.segment(along_rows ? r0 : 0, along_rows ? nr : 0);
+      auto cols_of = largest.segment(along_rows ? 0 : c0, along_rows ? 0 : nc).transpose();
+      if (along_rows && squared) {
+        rows_of = rows_of.cwiseMax(b.cwiseAbs().rowwise().maxCoeff());
+      } else if (along_rows) {
+        rows_of = rows_of.cwiseMax(b.rowwise().maxCoeff());
+      } else if (squared) {
+        cols_of = cols_of.cwiseMax(b.cwiseAbs().colwise().maxCoeff());
+      } else {
+        cols_of = cols_of.cwiseMax(b.colwise().maxCoeff());
       }
-      block_finite[blk] = all_finite;
-    });
-    for (const char f : block_finite) finite[0] = finite[0] && f;
-  }
-  for (const char f : finite) {
+    };
+    if (along_rows) {
+      const int64_t r0 = item * block_rows, nr = std::min(block_rows, rows - r0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kBlockCols) {
+        visit(r0, nr, c0, std::min(kBlockCols, cols - c0));
+      }
+    } else {
+      const int64_t c0 = item * kBlockCols, nc = std::min(kBlockCols, cols - c0);
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        visit(r0, std::min(block_rows, rows - r0), c0, nc);
+      }
+    }
+    item_finite[item] = all_finite;
+  });
+  for (const char f : item_finite) {
     if (!f) return false;
   }
   if (squared) {
@@ -101,24 +161,36 @@ bool scales_of(const Matrix& x, bool along_rows, bool squared, Scales& out) {
   return true;
 }
 
-// x's elements as floats, each multiplied by 2^-exponent of its row (`along_rows`) or column
-// (a power of two: exact, but where the product is subnormal); same layout as x. The storage
-// is left uninitialised and each row written by the thread that converts it: zeroing a
-// weight-sized array first, on one thread, took longer than the conversion itself.
-FloatRows scaled_floats(const Matrix& x, bool along_rows, bool squared, const Scales& s) {
-  FloatRows out(x.rows(), x.cols());
-  const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data(), along_rows ? 0 : x.cols());
-  for_each_row(x.rows(), [&](int64_t r) {
-    auto dst = out.row(r).transpose().array();
-    const auto src = x.row(r).transpose().array();
-    if (along_rows && squared) {
-      dst = (src.square() * s.factor[r]).cast<float>();
-    } else if (along_rows) {
-      dst = (src * s.factor[r]).cast<float>();
-    } else if (squared) {
-      dst = (src.square() * column_factor).cast<float>();
-    } else {
-      dst = (src * column_factor).cast<float>();
+// x's elements (squared where it is) as floats, each multiplied by 2^-exponent of its row
+// (`along_rows`) or column (a power of two: exact, but where the product is subnormal); same
+// layout as x. The storage is left uninitialised and each block of rows written by the thread
+// that converts it: zeroing a weight-sized array first, on one thread, took longer than the
+// conversion itself.
+FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  FloatRows out(rows, cols);
+  const int64_t block_rows = x.block_rows();
+  for_each_row((rows + block_rows - 1) / block_rows, [&](int64_t item) {
+    Matrix work;
+    const int64_t r0 = item * block_rows, nr = std::min(block_rows, rows - r0);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlockCols) {
+      const int64_t nc = std::min(kBlockCols, cols - c0);
+      const auto b = x.block(r0, nr, c0, nc, work);
+      const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data() + c0,
+                                                           along_rows ? 0 : nc);
+      for (int64_t r = 0; r < nr; ++r) {
+        auto dst = out.row(r0 + r).segment(c0, nc).transpose().array();
+        const auto src = b.row(r).transpose().array();
+        if (along_rows && x.squared()) {
+          dst = (src.square() * s.factor[r0 + r]).cast<float>();
+        } else if (along_rows) {
+          dst = (src * s.factor[r0 + r]).cast<float>();
+        } else if (x.squared()) {
+          dst = (src.square() * column_factor).cast<float>();
+        } else {
+          dst = (src * column_factor).cast<float>();
+        }
+      }
     }
   });
   return out;
@@ -304,21 +376,31 @@ bool worth_a_device(int64_t m, int64_t n, int64_t k) {
   return dm * dn * dk >= kDeviceMinIntensity * (dm * dk + dk * dn + dm * dn);
 }
 
-void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
-                      bool square_b) {
+void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeOperand& b_in,
+                      Op op_b, Matrix& c) {
+  const Matrix& b = b_in.value;
+  const bool low_rank = b_in.low_rank_left || b_in.low_rank_right;
+  if (low_rank &&
+      (!b_in.squared || !b_in.low_rank_left || !b_in.low_rank_right ||
+       b_in.low_rank_left->rows() != b.rows() || b_in.low_rank_right->cols() != b.cols() ||
+       b_in.low_rank_left->cols() != b_in.low_rank_right->rows())) {
+    throw std::logic_error("gemm_nonnegative: a low-rank term needs a squared operand and L " +
+                           std::string("[rows, r], R [r, cols]"));
+  }
   const ProductShape s(a, op_a, b, op_b, c);
   const bool ta = s.ta, tb = s.tb;
   const int64_t m = s.m, n = s.n, k = s.k;
   if (m == 0 || n == 0 || k == 0) return;
+  const OperandValues va(NonnegativeOperand{a}), vb(b_in);
   // op(A)'s rows are A's rows, or its columns when transposed; op(B)'s columns likewise.
   Scales sa, sb;
-  if (!scales_of(a, !ta, false, sa) || !scales_of(b, tb, square_b, sb)) {
-    gemm(alpha, a, op_a, square_b ? Matrix(b.cwiseAbs2()) : b, op_b, 1.0, c);
+  if (!scales_of(va, !ta, sa) || !scales_of(vb, tb, sb)) {
+    gemm(alpha, a, op_a, b_in.squared ? vb.whole() : b, op_b, 1.0, c);
     return;
   }
   single_threaded_blas();
-  const FloatRows fa = scaled_floats(a, !ta, false, sa);
-  const FloatRows fb = scaled_floats(b, tb, square_b, sb);
+  const FloatRows fa = scaled_floats(va, !ta, sa);
+  const FloatRows fb = scaled_floats(vb, tb, sb);
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row");
   const blasint kk = dim(k, "an inner dimension");
   // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
@@ -339,8 +421,7 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, O
         }
         double exact = 0;
         for (int64_t p = 0; p < k; ++p) {
-          const double bv = tb ? b(col, p) : b(p, col);
-          exact += (ta ? a(p, row) : a(row, p)) * (square_b ? bv * bv : bv);
+          exact += (ta ? a(p, row) : a(row, p)) * (tb ? vb.at(col, p) : vb.at(p, col));
         }
         c(row, col) += alpha * exact;
       }

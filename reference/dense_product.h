@@ -32,11 +32,27 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
 // row's and column's scales (below K 2^-99: terms the fp32 range flushed may matter there) it is
 // computed again in fp64 from the operands, and operands with a non-finite element are
 // multiplied in fp64 throughout. Values do not depend on the thread count (the tiles of gemm).
-// `square_b`: op(B)'s elements squared, B given as is (its fp64 square never materialised).
 // On a thread lent a device (Fp32ProductsOn), a product worth it is computed there instead, and
 // checked on the host before it is used.
-void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, Matrix& c,
-                      bool square_b = false);
+//
+// B is given as a NonnegativeOperand: its elements as stored, their squares, or the squares of
+// B + scaling L R (a weight and its adapter's low-rank term). The squares, and B + scaling L R,
+// are formed a block at a time where the product reads them, never as a whole fp64 matrix.
+struct NonnegativeOperand {
+  const Matrix& value;
+  bool squared = false;
+  // Only with `squared`: L [value.rows(), r] and R [r, value.cols()], or both null.
+  const Matrix* low_rank_left = nullptr;
+  const Matrix* low_rank_right = nullptr;
+  double scaling = 0;
+};
+void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeOperand& b, Op op_b,
+                      Matrix& c);
+// `square_b`: op(B)'s elements squared.
+inline void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b,
+                             Matrix& c, bool square_b = false) {
+  gemm_nonnegative(alpha, a, op_a, NonnegativeOperand{b, square_b}, op_b, c);
+}
 
 // An fp32 product of gemm_nonnegative's scaled operands, as handed to another device: op(A)
 // [m, k] times op(B) [k, n]; A is row-major [m, k], or [k, m] where ta, and B likewise.

@@ -161,16 +161,16 @@ void RoundingNoise::store(const std::string& name, const Matrix& v) {
 // would be wrong by up to a factor 2 either way. Added to `out`.
 void add_composite_variance(Matrix& out, const Matrix& var, const Projection& p, const Dropout& d,
                             bool transposed) {
-  Matrix m = product(p.lora_A, Op::kTransposed, p.lora_B, Op::kTransposed);  // [in, out]
   const double s = p.scaling;
   const Op op = transposed ? Op::kTransposed : Op::kPlain;
   if (d.p == 0) {
-    // (W + s M)^2 in M's place: element by element, no other copy of a weight-sized matrix.
-    for_each_row(m.rows(),
-                 [&](int64_t t) { m.row(t) = (p.weight_t.row(t) + s * m.row(t)).cwiseAbs2(); });
-    gemm_nonnegative(1.0, var, Op::kPlain, m, op, out);
+    // (W + s A^T B^T)^2, formed block by block inside the product: no weight-sized copy.
+    const Matrix left = p.lora_A.transpose(), right = p.lora_B.transpose();  // [in, r], [r, out]
+    gemm_nonnegative(1.0, var, Op::kPlain, NonnegativeOperand{p.weight_t, true, &left, &right, s},
+                     op, out);
     return;
   }
+  const Matrix m = product(p.lora_A, Op::kTransposed, p.lora_B, Op::kTransposed);  // [in, out]
   const double c = 1.0 / (1.0 - d.p);
   const Matrix w2 = sq(p.weight_t), wm = by_rows(p.weight_t.cwiseProduct(m)), m2 = sq(m);
   gemm_nonnegative(1.0, var, Op::kPlain, w2, op, out);

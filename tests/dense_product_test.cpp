@@ -148,6 +148,62 @@ TEST_P(DenseProduct, NonnegativeSquaresASignedBWithoutMaterialisingIt) {
   EXPECT_TRUE(std::isinf(c(0, 0)) && c(0, 1) == 2.0);
 }
 
+// (B + s L R)^2 formed block by block inside the product against the same operand formed whole
+// first: within fp32's bound of the definition, in both of B's layouts, with B's rows crossing
+// the blocks' grid (2^k + 1) and a scaled outlier row.
+TEST_P(DenseProduct, NonnegativeFormsALowRankSumBlockByBlock) {
+  const auto [m, n, k_param] = GetParam();
+  for (const int64_t k : {k_param, int64_t{129}}) {
+    for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+      const int64_t rows = op_b == Op::kPlain ? k : n, cols = op_b == Op::kPlain ? n : k;
+      const int64_t r = 3;
+      const double s = 0.75;
+      const Matrix a = nonnegative(m, k, 30, false, false);
+      Matrix b = random_matrix(rows, cols, 31);
+      if (rows > 2) b.row(1) *= std::ldexp(1.0, 100);
+      const Matrix left = random_matrix(rows, r, 32), right = random_matrix(r, cols, 33);
+      const Matrix sum = b + s * left * right;
+      const Matrix magnitude = b.cwiseAbs() + s * left.cwiseAbs() * right.cwiseAbs();
+      Matrix c = Matrix::Zero(m, n);
+      gemm_nonnegative(2.0, a, Op::kPlain, NonnegativeOperand{b, true, &left, &right, s}, op_b, c);
+      const Matrix exact = 2.0 * naive(a, Op::kPlain, sum.cwiseAbs2(), op_b);
+      // B + s L R summed in another order rounds differently: a few fp64 ulps of its magnitude.
+      const Matrix slack = 2.0 * naive(a, Op::kPlain, magnitude.cwiseAbs2(), op_b);
+      const double rel = double(k + 2) * std::ldexp(1.0, -24);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j) + 1e-14 * slack(i, j))
+              << "element (" << i << ", " << j << ") of m " << m << " n " << n << " k " << k
+              << " op_b " << int(op_b);
+        }
+      }
+    }
+  }
+}
+
+// A low-rank sum that is not finite takes the fp64 path, as a stored operand does; a low-rank
+// term on an operand that is not squared, or with shapes that do not fit, is refused.
+TEST(DenseProduct, NonnegativeLowRankEdges) {
+  const Matrix a = Matrix::Constant(2, 3, 1.0), left = Matrix::Constant(3, 1, 1.0),
+               right = Matrix::Constant(1, 2, 1.0);
+  Matrix b = Matrix::Constant(3, 2, 1.0);
+  b(1, 1) = std::numeric_limits<double>::infinity();
+  Matrix c = Matrix::Zero(2, 2);
+  gemm_nonnegative(1.0, a, Op::kPlain, NonnegativeOperand{b, true, &left, &right, 1.0}, Op::kPlain,
+                   c);
+  EXPECT_EQ(c(0, 0), 12.0);  // three (1 + 1)^2
+  EXPECT_TRUE(std::isinf(c(1, 1)));
+  const Matrix finite = Matrix::Constant(3, 2, 1.0), wrong = Matrix::Constant(2, 2, 1.0);
+  EXPECT_THROW(
+      gemm_nonnegative(1.0, a, Op::kPlain, NonnegativeOperand{finite, false, &left, &right, 1.0},
+                       Op::kPlain, c),
+      std::logic_error);
+  EXPECT_THROW(
+      gemm_nonnegative(1.0, a, Op::kPlain, NonnegativeOperand{finite, true, &wrong, &right, 1.0},
+                       Op::kPlain, c),
+      std::logic_error);
+}
+
 TEST(DenseProduct, NonnegativeComputesFlushedElementsAgainInFp64) {
   // Row 0 of A: a huge element where B's column 0 is zero and a tiny one where it is not. For
   // its row's scale the product is 2^-1100: fp32 flushes it, fp64 does not.
@@ -229,6 +285,28 @@ TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
     Matrix many2 = zero;
     gemm_nonnegative(1.0, a2t, Op::kTransposed, b2, Op::kPlain, many2);
     EXPECT_TRUE(same_bits(one2, many2)) << t << " threads";
+  }
+  // A low-rank sum squared, formed by blocks: B's 129 rows cross the blocks' grid, in both of
+  // B's layouts (its scales by rows and by columns).
+  const Matrix left = random_matrix(129, 4, 6), right = random_matrix(4, b.cols(), 7);
+  const Matrix left_t = random_matrix(b.cols(), 4, 6), right_t = random_matrix(4, 129, 7);
+  const Matrix bt = b.transpose();
+  const auto low_rank = [&](Op op_b) {
+    Matrix c = zero;
+    const bool plain = op_b == Op::kPlain;
+    gemm_nonnegative(1.0, a2t, Op::kTransposed,
+                     plain ? NonnegativeOperand{b, true, &left, &right, 0.5}
+                           : NonnegativeOperand{bt, true, &left_t, &right_t, 0.5},
+                     op_b, c);
+    return c;
+  };
+  for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+    omp_set_num_threads(1);
+    const Matrix one3 = low_rank(op_b);
+    for (const int t : {2, 4}) {
+      omp_set_num_threads(t);
+      EXPECT_TRUE(same_bits(one3, low_rank(op_b))) << t << " threads, op_b " << int(op_b);
+    }
   }
   omp_set_num_threads(threads);
 }
@@ -348,6 +426,30 @@ TEST(DenseProduct, NonnegativeOnADeviceKeepsTheBound) {
     }
   }
   EXPECT_EQ(device.calls, 4);
+}
+
+// A low-rank sum's squares on a device: the product the device receives, and the bound.
+TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
+  const auto [m, n, k] = kDeviceShape;
+  const Matrix a = nonnegative(m, k, 34, true, false), b = random_matrix(n, k, 35);
+  const Matrix left = random_matrix(n, 4, 36), right = random_matrix(4, k, 37);
+  const Matrix sum = b + 0.5 * left * right;
+  Matrix exact = Matrix::Zero(m, n), c = Matrix::Zero(m, n);
+  gemm(1.0, a, Op::kPlain, sum.cwiseAbs2(), Op::kTransposed, 0.0, exact);
+  EigenFp32Device device;
+  {
+    const Fp32ProductsOn on(&device);
+    gemm_nonnegative(1.0, a, Op::kPlain, NonnegativeOperand{b, true, &left, &right, 0.5},
+                     Op::kTransposed, c);
+  }
+  ASSERT_EQ(device.calls, 1);
+  const double rel = double(k + 3) * std::ldexp(1.0, -24) + 1e-13;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j))
+          << "element (" << i << ", " << j << ")";
+    }
+  }
 }
 
 // What the device hands back is what C receives: a product 2^-14 high (within the bound at
