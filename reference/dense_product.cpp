@@ -61,8 +61,16 @@ class OperandValues {
     const double* first = b_.value.data() + r0 * cols() + c0;
     if (!b_.low_rank_left) return Block(first, nr, nc, Eigen::OuterStride<>(cols()));
     work = Block(first, nr, nc, Eigen::OuterStride<>(cols()));
-    work.noalias() +=
-        b_.scaling * b_.low_rank_left->middleRows(r0, nr) * b_.low_rank_right->middleCols(c0, nc);
+    // One single-threaded call on the calling thread, as gemm's tiles: the block's values then
+    // depend on the grid alone (an Eigen product could start threads of its own here).
+    const Matrix &left = *b_.low_rank_left, &right = *b_.low_rank_right;
+    const blasint rank = dim(left.cols(), "a low-rank term's rank");
+    if (rank > 0) {
+      scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(nr),
+                        static_cast<blasint>(nc), rank, b_.scaling, left.data() + r0 * rank, rank,
+                        right.data() + c0, dim(right.cols(), "a row"), 1.0, work.data(),
+                        static_cast<blasint>(nc));
+    }
     return Block(work.data(), nr, nc, Eigen::OuterStride<>(nc));
   }
   // Element (r, c), squared where the operand is.
@@ -176,8 +184,8 @@ FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s
     for (int64_t c0 = 0; c0 < cols; c0 += kBlockCols) {
       const int64_t nc = std::min(kBlockCols, cols - c0);
       const auto b = x.block(r0, nr, c0, nc, work);
-      const Eigen::Map<const Eigen::ArrayXd> column_factor(s.factor.data() + c0,
-                                                           along_rows ? 0 : nc);
+      const Eigen::Map<const Eigen::ArrayXd> column_factor(
+          along_rows ? s.factor.data() : s.factor.data() + c0, along_rows ? 0 : nc);
       for (int64_t r = 0; r < nr; ++r) {
         auto dst = out.row(r0 + r).segment(c0, nc).transpose().array();
         const auto src = b.row(r).transpose().array();
@@ -391,6 +399,7 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeO
   const bool ta = s.ta, tb = s.tb;
   const int64_t m = s.m, n = s.n, k = s.k;
   if (m == 0 || n == 0 || k == 0) return;
+  single_threaded_blas();  // a low-rank term's blocks are BLAS calls too
   const OperandValues va(NonnegativeOperand{a}), vb(b_in);
   // op(A)'s rows are A's rows, or its columns when transposed; op(B)'s columns likewise.
   Scales sa, sb;
@@ -398,7 +407,6 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeO
     gemm(alpha, a, op_a, b_in.squared ? vb.whole() : b, op_b, 1.0, c);
     return;
   }
-  single_threaded_blas();
   const FloatRows fa = scaled_floats(va, !ta, sa);
   const FloatRows fb = scaled_floats(vb, tb, sb);
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row");

@@ -204,6 +204,32 @@ TEST(DenseProduct, NonnegativeLowRankEdges) {
       std::logic_error);
 }
 
+// A low-rank sum on the paths its values alone decide. Column 0 of W + L R is (0, 3, 0): row 0
+// of A, huge where it is 0 and tiny where it is 3, makes C(0, 0) = 9 * 2^-500, which fp32
+// flushes and fp64 recomputes from the sum (from W alone it would be about 2^600). Column 2
+// sums to exact zeros (a zero scale); column 3 is W = 2^-200 plus L R of order 1, whose squares
+// overflow fp32 if the scales were taken from W alone.
+TEST(DenseProduct, NonnegativeLowRankSumDecidesScalesAndTheFp64Path) {
+  const double tiny = std::ldexp(1.0, -200);
+  Matrix w(3, 4), left(3, 1), right(1, 4), a(2, 3);
+  w << -1, 1, -1, tiny, 1, 1, -2, tiny, 2, 1, 2, tiny;
+  left << 1, 2, -2;
+  right << 1, 0.5, 1, 1;
+  a << std::ldexp(1.0, 600), std::ldexp(1.0, -500), 0, 1, 1, 1;
+  Matrix c = Matrix::Zero(2, 4);
+  gemm_nonnegative(1.0, a, Op::kPlain, NonnegativeOperand{w, true, &left, &right, 1.0}, Op::kPlain,
+                   c);
+  EXPECT_EQ(c(0, 0), 9 * std::ldexp(1.0, -500));
+  EXPECT_EQ(c(0, 2), 0.0);
+  EXPECT_EQ(c(1, 2), 0.0);
+  const Matrix sum = w + left * right;
+  const Matrix exact = naive(a, Op::kPlain, sum.cwiseAbs2(), Op::kPlain);
+  for (const auto& [i, j] : {std::pair{0, 1}, {0, 3}, {1, 0}, {1, 1}, {1, 3}}) {
+    EXPECT_LE(std::abs(c(i, j) - exact(i, j)), std::ldexp(1.0, -20) * exact(i, j))
+        << "element (" << i << ", " << j << ")";
+  }
+}
+
 TEST(DenseProduct, NonnegativeComputesFlushedElementsAgainInFp64) {
   // Row 0 of A: a huge element where B's column 0 is zero and a tiny one where it is not. For
   // its row's scale the product is 2^-1100: fp32 flushes it, fp64 does not.
@@ -307,6 +333,22 @@ TEST(DenseProduct, SameBitsWhateverTheThreadCount) {
       omp_set_num_threads(t);
       EXPECT_TRUE(same_bits(one3, low_rank(op_b))) << t << " threads, op_b " << int(op_b);
     }
+  }
+  // Rank 16 with B's 200 columns in one block of columns: its scales are one item, on the
+  // calling thread, whose blocks must not start threads of their own.
+  const Matrix narrow = random_matrix(129, 200, 8), left16 = random_matrix(129, 16, 9),
+               right16 = random_matrix(16, 200, 10);
+  const auto rank16 = [&] {
+    Matrix c = Matrix::Zero(a.rows(), 200);
+    gemm_nonnegative(1.0, a2t, Op::kTransposed,
+                     NonnegativeOperand{narrow, true, &left16, &right16, 0.25}, Op::kPlain, c);
+    return c;
+  };
+  omp_set_num_threads(1);
+  const Matrix one4 = rank16();
+  for (const int t : {2, 4}) {
+    omp_set_num_threads(t);
+    EXPECT_TRUE(same_bits(one4, rank16())) << t << " threads, rank 16";
   }
   omp_set_num_threads(threads);
 }
@@ -428,7 +470,7 @@ TEST(DenseProduct, NonnegativeOnADeviceKeepsTheBound) {
   EXPECT_EQ(device.calls, 4);
 }
 
-// A low-rank sum's squares on a device: the product the device receives, and the bound.
+// A low-rank sum's squares on a device: one product there, within the bound.
 TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
   const auto [m, n, k] = kDeviceShape;
   const Matrix a = nonnegative(m, k, 34, true, false), b = random_matrix(n, k, 35);
