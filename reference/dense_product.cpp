@@ -54,6 +54,17 @@ class OperandValues {
   // how many rows a thread takes, so their grid is fixed; the value alone is read a row at a
   // time (a short operand still spreads over the threads).
   int64_t block_rows() const { return b_.low_rank_left ? 64 : 1; }
+  // Items over the threads: a low-rank term's blocks call the BLAS, whose buffers bound how
+  // many threads may call it at once (kMaxCallingThreads); a maximum or a copy is the same
+  // whichever thread computes it.
+  template <class Body>
+  void for_each_item(int64_t items, const Body& body) const {
+    if (b_.low_rank_left) {
+      for_each_row(items, body, /*dynamic=*/true, kMaxCallingThreads);
+    } else {
+      for_each_row(items, body);
+    }
+  }
 
   // Rows [r0, r0 + nr) and columns [c0, c0 + nc): a view of the value, or `work` holding
   // value + scaling L R there.
@@ -84,7 +95,7 @@ class OperandValues {
   // The whole operand, squared where it is: for the fp64 path of a non-finite operand.
   Matrix whole() const {
     Matrix out(rows(), cols());
-    for_each_row(rows(), [&](int64_t r) {
+    for_each_item(rows(), [&](int64_t r) {
       Matrix work;
       out.row(r) = block(r, 1, 0, cols(), work);
       if (b_.squared) out.row(r) = out.row(r).cwiseAbs2();
@@ -117,7 +128,7 @@ bool scales_of(const OperandValues& x, bool along_rows, Scales& out) {
   const int64_t items =
       along_rows ? (rows + block_rows - 1) / block_rows : (cols + kBlockCols - 1) / kBlockCols;
   std::vector<char> item_finite(static_cast<size_t>(items), 1);
-  for_each_row(items, [&](int64_t item) {
+  x.for_each_item(items, [&](int64_t item) {
     Matrix work;
     bool all_finite = true;
     const auto visit = [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
@@ -178,7 +189,7 @@ FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s
   const int64_t rows = x.rows(), cols = x.cols();
   FloatRows out(rows, cols);
   const int64_t block_rows = x.block_rows();
-  for_each_row((rows + block_rows - 1) / block_rows, [&](int64_t item) {
+  x.for_each_item((rows + block_rows - 1) / block_rows, [&](int64_t item) {
     Matrix work;
     const int64_t r0 = item * block_rows, nr = std::min(block_rows, rows - r0);
     for (int64_t c0 = 0; c0 < cols; c0 += kBlockCols) {
