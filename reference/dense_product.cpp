@@ -303,24 +303,38 @@ namespace {
 
 thread_local Fp32Device* t_fp32_device = nullptr;
 
-// x v for x row-major [rows, cols] of floats (`transposed`: x^T v), in fp64; each element is
-// summed in one order whatever the thread count.
-Eigen::VectorXd times(const float* x, int64_t rows, int64_t cols, bool transposed,
-                      const Eigen::VectorXd& v) {
-  using Row = Eigen::Map<const Eigen::VectorXf>;
-  if (!transposed) {
-    Eigen::VectorXd out(rows);
-    for_each_row(rows, [&](int64_t r) { out(r) = Row(x + r * cols, cols).cast<double>().dot(v); });
-    return out;
-  }
-  // By blocks of columns, each summed over the rows in order.
-  constexpr int64_t kBlock = 256;
-  Eigen::VectorXd out = Eigen::VectorXd::Zero(cols);
-  for_each_row((cols + kBlock - 1) / kBlock, [&](int64_t blk) {
-    const int64_t j0 = blk * kBlock, width = std::min(kBlock, cols - j0);
-    auto seg = out.segment(j0, width);
-    for (int64_t r = 0; r < rows; ++r) seg += v(r) * Row(x + r * cols + j0, width).cast<double>();
+// x right and x^T left for x row-major [rows, cols] of floats, in fp64, in one pass over x (an
+// empty vector skips its side). x is read in tiles of kTileRows x kTileCols; each result element
+// sums its tiles' partial sums in a fixed order, so the values do not depend on the threads.
+struct BothWays {
+  Eigen::VectorXd right;  // x right [rows]
+  Eigen::VectorXd left;   // x^T left [cols]
+};
+BothWays both_ways(const float* x, int64_t rows, int64_t cols, const Eigen::VectorXd& right,
+                   const Eigen::VectorXd& left) {
+  constexpr int64_t kTileRows = 512, kTileCols = 256;
+  using Segment = Eigen::Map<const Eigen::VectorXf>;
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
+  const bool with_right = right.size() > 0, with_left = left.size() > 0;
+  // right_parts(r, tile column), left_parts(tile row, c).
+  Matrix right_parts = Matrix::Zero(with_right ? rows : 0, col_tiles);
+  Matrix left_parts = Matrix::Zero(with_left ? row_tiles : 0, cols);
+  for_each_row(row_tiles * col_tiles, [&](int64_t t) {
+    const int64_t tr = t / col_tiles, tc = t % col_tiles;
+    const int64_t r0 = tr * kTileRows, r1 = std::min(rows, r0 + kTileRows);
+    const int64_t c0 = tc * kTileCols, width = std::min(kTileCols, cols - c0);
+    Eigen::VectorXd sum = Eigen::VectorXd::Zero(with_left ? width : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const auto seg = Segment(x + r * cols + c0, width).cast<double>();
+      if (with_right) right_parts(r, tc) = seg.dot(right.segment(c0, width));
+      if (with_left) sum += left(r) * seg;
+    }
+    if (with_left) left_parts.row(tr).segment(c0, width) = sum.transpose();
   });
+  BothWays out;
+  if (with_right) out.right = right_parts.rowwise().sum();
+  if (with_left) out.left = left_parts.colwise().sum().transpose();
   return out;
 }
 
@@ -352,21 +366,27 @@ void check_device_product(const Fp32Product& p, const FloatRows& c, const std::s
     return std::isfinite(got) &&
            std::abs(got - exact) <= rel * std::max(got, exact) + flushed * weight;
   };
-  // op(A) [m, k] is A [m, k] or A^T with A [k, m]; op(B) likewise.
+  // op(A) [m, k] is A [m, k] or A^T with A [k, m]; op(B) likewise. Each of B and C is read
+  // once, for both projections: op(A)^T w first, then op(B) v and op(B)^T (op(A)^T w) in one
+  // pass over B, then op(A) (op(B) v).
+  const Eigen::VectorXd none;
   const auto a_times = [&](const Eigen::VectorXd& x, bool transposed) {  // op(A) x or op(A)^T x
-    return p.ta ? times(p.a, k, m, !transposed, x) : times(p.a, m, k, transposed, x);
+    const bool left = transposed != p.ta;                                // a pass as A^T
+    const auto r = p.ta ? both_ways(p.a, k, m, left ? none : x, left ? x : none)
+                        : both_ways(p.a, m, k, left ? none : x, left ? x : none);
+    return left ? r.left : r.right;
   };
-  const auto b_times = [&](const Eigen::VectorXd& x, bool transposed) {
-    return p.tb ? times(p.b, n, k, !transposed, x) : times(p.b, k, n, transposed, x);
-  };
-  const Eigen::VectorXd cv = times(c.data(), m, n, false, v),
-                        abv = a_times(b_times(v, false), false);
+  const Eigen::VectorXd atw = a_times(w, true);
+  // op(B) v and op(B)^T atw: B v and B^T atw, or with B [n, k] stored, B^T v and B atw.
+  const BothWays b = p.tb ? both_ways(p.b, n, k, atw, v) : both_ways(p.b, k, n, v, atw);
+  const Eigen::VectorXd &bv = p.tb ? b.left : b.right, &baw = p.tb ? b.right : b.left;
+  const Eigen::VectorXd abv = a_times(bv, false);
+  const BothWays cvw = both_ways(c.data(), m, n, v, w);
   for (int64_t i = 0; i < m; ++i) {
-    if (!within(cv(i), abv(i), v.sum())) fail("c v's row", i, cv(i), abv(i));
+    if (!within(cvw.right(i), abv(i), v.sum())) fail("c v's row", i, cvw.right(i), abv(i));
   }
-  const Eigen::VectorXd cw = times(c.data(), m, n, true, w), baw = b_times(a_times(w, true), true);
   for (int64_t j = 0; j < n; ++j) {
-    if (!within(cw(j), baw(j), w.sum())) fail("c^T w's column", j, cw(j), baw(j));
+    if (!within(cvw.left(j), baw(j), w.sum())) fail("c^T w's column", j, cvw.left(j), baw(j));
   }
   std::uniform_int_distribution<int64_t> row(0, m - 1), col(0, n - 1);
   for (int s = 0; s < kSampled; ++s) {

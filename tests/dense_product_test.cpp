@@ -568,6 +568,32 @@ TEST(DenseProduct, AWrongDeviceProductIsRefused) {
   }
 }
 
+// The check reads each operand in its own layout: in every transpose combination, m, n and k
+// distinct, a correct product passes (NonnegativeOnADeviceKeepsTheBound) and these are refused.
+TEST(DenseProduct, AWrongDeviceProductIsRefusedInEveryLayout) {
+  const auto [m, n, k] = kDeviceShape;
+  using Out = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  const std::vector<std::pair<std::string, std::function<void(Out&)>>> faults = {
+      {"the last element doubled", [](Out& c) { c(c.rows() - 1, c.cols() - 1) *= 2; }},
+      {"the last column lost", [](Out& c) { c.col(c.cols() - 1).setZero(); }},
+  };
+  for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
+    for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+      const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
+      const Matrix a = (pa ? random_matrix(m, k, 38) : random_matrix(k, m, 38)).cwiseAbs2();
+      const Matrix b = (pb ? random_matrix(k, n, 39) : random_matrix(n, k, 39)).cwiseAbs2();
+      for (const auto& [what, fault] : faults) {
+        EigenFp32Device device;
+        device.breaks = fault;
+        const Fp32ProductsOn on(&device);
+        Matrix c = Matrix::Zero(m, n);
+        EXPECT_THROW(gemm_nonnegative(1.0, a, op_a, b, op_b, c), std::runtime_error)
+            << what << ", op_a " << int(op_a) << " op_b " << int(op_b);
+      }
+    }
+  }
+}
+
 TEST(DenseProduct, EmptyInnerDimensionScalesC) {
   const Matrix a(4, 0), b(0, 3);
   Matrix c = Matrix::Constant(4, 3, 2.0);
