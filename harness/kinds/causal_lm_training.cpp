@@ -23,8 +23,53 @@ TrainingConfig::TrainingConfig(const CaseSpec& s)
       adamw{s.get_float("beta1"), s.get_float("beta2"), s.get_float("adam_eps"),
             s.get_float("weight_decay")} {}
 
+std::vector<FieldSpec> TrainingConfig::fields() {
+  return {
+      FieldSpec("vocab", FieldType::kInt, int64_t{256}, "vocabulary of the embedding and LM head")
+          .in_range(2, 1 << 20),
+      FieldSpec("steps", FieldType::kInt, int64_t{20}, "AdamW steps").in_range(1, 100000),
+      FieldSpec("lr", FieldType::kFloat, 2e-3, "AdamW learning rate").in_range(1e-12, 10),
+      FieldSpec("warmup", FieldType::kInt, int64_t{0},
+                "linear warmup steps (0: constant learning rate)")
+          .in_range(0, 100000),
+      FieldSpec("beta1", FieldType::kFloat, 0.9, "AdamW beta1, [0, 1)").in_range(0, 1),
+      FieldSpec("beta2", FieldType::kFloat, 0.999, "AdamW beta2, [0, 1)").in_range(0, 1),
+      FieldSpec("adam_eps", FieldType::kFloat, 1e-8, "AdamW epsilon").in_range(0, 1),
+      FieldSpec("weight_decay", FieldType::kFloat, 0.01, "AdamW decoupled weight decay")
+          .in_range(0, 1),
+  };
+}
+
+void TrainingConfig::validate(const CaseSpec& s) {
+  for (const char* beta : {"beta1", "beta2"}) {
+    if (s.get_float(beta) >= 1.0) {
+      throw_field_error(s, beta,
+                        "must be below 1 (the moments would never forget), got " +
+                            report::format_spec_value(s.get_float(beta)));
+    }
+  }
+}
+
 double TrainingConfig::lr_at(int64_t step) const {
   return warmup > 0 ? lr * std::min(1.0, double(step + 1) / double(warmup)) : lr;
+}
+
+SeededModel make_model(const tb::Config& c, const decoder_stack::Dims& dims,
+                       const TrainingConfig& t, std::vector<decoder_stack::StackLayer>& stack) {
+  const auto embedding = normal_tensor(c.seed, "embedding", {t.vocab, dims.hidden}).to(c.dtype);
+  const auto final_norm =
+      (normal_tensor(c.seed, "final_norm", {dims.hidden}, 0.1) + 1.0).to(c.dtype);
+  const auto lm_head =
+      normal_tensor(c.seed, "lm_head", {t.vocab, dims.hidden}, 1.0 / std::sqrt(double(dims.hidden)))
+          .to(c.dtype);
+  SeededModel m;
+  m.frozen = {embedding.to(c.device), final_norm.to(c.device), lm_head.to(c.device), dims.rms_eps};
+  m.ref.embedding = bridge::to_matrix(embedding);
+  for (auto& L : stack) m.ref.layers.push_back(std::move(L.ref));  // weights: no copy
+  m.ref.final_norm = {bridge::to_matrix(final_norm.view({1, -1})).row(0), dims.rms_eps};
+  m.ref.lm_head = bridge::to_matrix(lm_head);
+  m.ref.shape = dims.attention(c);
+  return m;
 }
 
 namespace {

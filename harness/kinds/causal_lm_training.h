@@ -17,11 +17,14 @@
 
 namespace gradscope::causal_lm_training {
 
+// The case's training fields (vocab, steps, the AdamW settings), declared and read here.
 struct TrainingConfig {
   int64_t vocab, steps, warmup;
   double lr;
   reference::AdamWConfig adamw;
   explicit TrainingConfig(const CaseSpec& s);
+  static std::vector<FieldSpec> fields();
+  static void validate(const CaseSpec& s);  // what the fields' ranges cannot say
   // Linear warmup over the first `warmup` steps, then constant.
   double lr_at(int64_t step) const;
 };
@@ -41,6 +44,16 @@ struct FrozenModel {
   at::Tensor embedding, final_norm, lm_head;  // case dtype, device
   double norm_eps = 1e-5;                     // the final RMSNorm's
 };
+
+// The model around a seeded stack: the frozen embedding, final norm and LM head drawn from the
+// case's seed, for prod and the baseline on the case device, and the reference's fp64 model,
+// which takes each layer's reference weights out of `stack`.
+struct SeededModel {
+  FrozenModel frozen;
+  reference::CausalLm ref;
+};
+SeededModel make_model(const lora_testbed::Config& c, const decoder_stack::Dims& dims,
+                       const TrainingConfig& t, std::vector<decoder_stack::StackLayer>& stack);
 
 // Which layers a pass runs: prod's, whose LoRA ops are the implementation under test's
 // operators, or the baseline's.

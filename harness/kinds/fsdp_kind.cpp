@@ -29,7 +29,6 @@ namespace {
 
 namespace tb = lora_testbed;
 using namespace fsdp_ranks;
-using report::SpecValue;
 
 // Words whose fp32, fp16 or bf16 views are NaNs with payloads, signalling NaNs, subnormals
 // and negative zero: a cast or a canonicalising copy changes them, a byte copy does not.
@@ -170,23 +169,12 @@ KindDecl fsdp_kind() {
   KindDecl k;
   k.name = "fsdp";
   k.fields = [] {
-    const auto s = [](const char* v) { return SpecValue(std::string(v)); };
     std::vector<FieldSpec> f = {
         FieldSpec("hidden", FieldType::kInt, int64_t{256}, "hidden size").in_range(1, 1 << 16),
         FieldSpec("intermediate", FieldType::kInt, int64_t{512}, "MLP intermediate size")
             .in_range(1, 1 << 17),
-        FieldSpec("world_size", FieldType::kInt, int64_t{2},
-                  "ranks (threads, or processes under torchrun; Gloo on the CPU, NCCL on CUDA)")
-            .in_range(1, 64),
-        FieldSpec("sharding", FieldType::kString, s("flat"),
-                  "flat: FSDP1 flat parameters per dtype; per_param: FSDP2 dim-0 shards")
-            .one_of({s("flat"), s("per_param")}),
-        FieldSpec("storage", FieldType::kString, s("bf16"),
-                  "packed words in int32 buffers (replicated) or as a float view (sharded)")
-            .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}),
-        FieldSpec("param_dtype", FieldType::kString, s(""),
-                  "the mixed-precision policy's parameter dtype; empty: the storage dtype"),
     };
+    for (auto& x : FsdpConfig::fields()) f.push_back(std::move(x));
     for (auto& x : tb::fields()) f.push_back(std::move(x));
     return f;
   }();
@@ -205,30 +193,11 @@ KindDecl fsdp_kind() {
   };
   k.validate = [](const CaseSpec& s) {
     tb::validate(s);
-    const FsdpConfig f(s);
     const tb::Config c(s);
     if (!c.tensors_path.empty()) {
       throw_field_error(s, "tensors", "must be empty for kind fsdp (its words are planted)");
     }
-    if (c.tokens() % f.world_size != 0) {
-      throw_field_error(s, "world_size",
-                        "must divide the " + std::to_string(c.tokens()) +
-                            " tokens (each rank takes an equal slice), got " +
-                            std::to_string(f.world_size));
-    }
-    const std::string param_dtype = s.get_string("param_dtype");
-    if (!param_dtype.empty() && param_dtype != "fp32" && param_dtype != "fp16" &&
-        param_dtype != "bf16") {
-      throw_field_error(s, "param_dtype",
-                        "must be fp32, fp16, bf16 or empty, got \"" + param_dtype + "\"");
-    }
-    if (f.float_view() && !param_dtype.empty() && param_dtype != f.storage) {
-      throw_field_error(s, "param_dtype",
-                        "is " + param_dtype + " but the packed words are stored as a " + f.storage +
-                            " view: the policy would cast them numerically and "
-                            "destroy them; store them as " +
-                            param_dtype + " (storage) or keep param_dtype = \"" + f.storage + "\"");
-    }
+    FsdpConfig::validate(s, c.tokens());
     if (s.get_float("dropout") != 0.0) {
       throw_field_error(s, "dropout", "must be 0 for kind fsdp (dropout is checked per op)");
     }

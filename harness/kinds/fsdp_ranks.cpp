@@ -20,6 +20,47 @@
 #include "reports/case_wire.h"
 
 namespace gradscope::fsdp_ranks {
+
+std::vector<FieldSpec> FsdpConfig::fields() {
+  const auto s = [](const char* v) { return report::SpecValue(std::string(v)); };
+  return {
+      FieldSpec("world_size", FieldType::kInt, int64_t{2},
+                "ranks (threads, or processes under torchrun; Gloo on the CPU, NCCL on CUDA)")
+          .in_range(1, 64),
+      FieldSpec("sharding", FieldType::kString, s("flat"),
+                "flat: FSDP1 flat parameters per dtype; per_param: FSDP2 dim-0 shards")
+          .one_of({s("flat"), s("per_param")}),
+      FieldSpec("storage", FieldType::kString, s("bf16"),
+                "packed words in int32 buffers (replicated) or as a float view (sharded)")
+          .one_of({s("int32"), s("fp32"), s("fp16"), s("bf16")}),
+      FieldSpec("param_dtype", FieldType::kString, s(""),
+                "the mixed-precision policy's parameter dtype; empty: the storage dtype"),
+  };
+}
+
+void FsdpConfig::validate(const CaseSpec& s, int64_t tokens) {
+  const FsdpConfig f(s);
+  if (tokens % f.world_size != 0) {
+    throw_field_error(s, "world_size",
+                      "must divide the " + std::to_string(tokens) +
+                          " tokens (each rank takes an equal slice), got " +
+                          std::to_string(f.world_size));
+  }
+  const std::string param_dtype = s.get_string("param_dtype");
+  if (!param_dtype.empty() && param_dtype != "fp32" && param_dtype != "fp16" &&
+      param_dtype != "bf16") {
+    throw_field_error(s, "param_dtype",
+                      "must be fp32, fp16, bf16 or empty, got \"" + param_dtype + "\"");
+  }
+  if (f.float_view() && !param_dtype.empty() && param_dtype != f.storage) {
+    throw_field_error(s, "param_dtype",
+                      "is " + param_dtype + " but the packed words are stored as a " + f.storage +
+                          " view: the policy would cast them numerically and "
+                          "destroy them; store them as " +
+                          param_dtype + " (storage) or keep param_dtype = \"" + f.storage + "\"");
+  }
+}
+
 namespace {
 
 at::Device device_of(const tb::Config& c, int64_t gpu);

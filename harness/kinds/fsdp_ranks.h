@@ -15,6 +15,7 @@ namespace gradscope::fsdp_ranks {
 
 namespace tb = lora_testbed;
 
+// The case's sharding fields (world_size, sharding, storage, param_dtype), declared and read here.
 struct FsdpConfig {
   int64_t world_size;
   ShardingStrategy strategy;
@@ -25,6 +26,9 @@ struct FsdpConfig {
                                                     : ShardingStrategy::kPerParameter),
         storage(s.get_string("storage")) {}
   bool float_view() const { return storage != "int32"; }
+  static std::vector<FieldSpec> fields();
+  // What the fields' ranges cannot say: equal slices of `tokens`, a policy that keeps the words.
+  static void validate(const CaseSpec& s, int64_t tokens);
 };
 
 // What one rank reports back.

@@ -17,7 +17,6 @@
 
 #include "gradscope/gptq_format.h"
 #include "harness/common/tensor_bridge.h"
-#include "harness/generate/seeded_streams.h"
 #include "harness/kinds/causal_lm_training.h"
 #include "harness/kinds/field_draws.h"
 #include "harness/kinds/kind_decls.h"
@@ -41,21 +40,10 @@ class TrainingTestbed final : public Testbed {
 
   void generate() override {
     stack_ = ds::make_stack(c_, dims_);
-    const auto embedding =
-        normal_tensor(c_.seed, "embedding", {t_.vocab, dims_.hidden}).to(c_.dtype);
-    const auto final_norm =
-        (normal_tensor(c_.seed, "final_norm", {dims_.hidden}, 0.1) + 1.0).to(c_.dtype);
-    const auto lm_head = normal_tensor(c_.seed, "lm_head", {t_.vocab, dims_.hidden},
-                                       1.0 / std::sqrt(double(dims_.hidden)))
-                             .to(c_.dtype);
     batches_ = make_batches(c_, t_);
-    frozen_ = {embedding.to(c_.device), final_norm.to(c_.device), lm_head.to(c_.device),
-               dims_.rms_eps};
-    ref_model_.embedding = bridge::to_matrix(embedding);
-    for (auto& L : stack_) ref_model_.layers.push_back(std::move(L.ref));  // weights: no copy
-    ref_model_.final_norm = {bridge::to_matrix(final_norm.view({1, -1})).row(0), dims_.rms_eps};
-    ref_model_.lm_head = bridge::to_matrix(lm_head);
-    ref_model_.shape = dims_.attention(c_);
+    auto model = make_model(c_, dims_, t_, stack_);
+    frozen_ = std::move(model.frozen);
+    ref_model_ = std::move(model.ref);
     // Prod's packed words as generated: it must hand them back untouched.
     for (size_t i = 0; i < stack_.size(); ++i) {
       for (const auto& p : stack_[i].projections) {
@@ -181,23 +169,7 @@ KindDecl training_kind() {
   KindDecl k;
   k.name = "training";
   k.fields = ds::fields();
-  for (const auto& f : std::vector<FieldSpec>{
-           FieldSpec("vocab", FieldType::kInt, int64_t{256},
-                     "vocabulary of the embedding and LM head")
-               .in_range(2, 1 << 20),
-           FieldSpec("steps", FieldType::kInt, int64_t{20}, "AdamW steps").in_range(1, 100000),
-           FieldSpec("lr", FieldType::kFloat, 2e-3, "AdamW learning rate").in_range(1e-12, 10),
-           FieldSpec("warmup", FieldType::kInt, int64_t{0},
-                     "linear warmup steps (0: constant learning rate)")
-               .in_range(0, 100000),
-           FieldSpec("beta1", FieldType::kFloat, 0.9, "AdamW beta1, [0, 1)").in_range(0, 1),
-           FieldSpec("beta2", FieldType::kFloat, 0.999, "AdamW beta2, [0, 1)").in_range(0, 1),
-           FieldSpec("adam_eps", FieldType::kFloat, 1e-8, "AdamW epsilon").in_range(0, 1),
-           FieldSpec("weight_decay", FieldType::kFloat, 0.01, "AdamW decoupled weight decay")
-               .in_range(0, 1),
-       }) {
-    k.fields.push_back(f);
-  }
+  for (auto& f : TrainingConfig::fields()) k.fields.push_back(std::move(f));
   for (auto& f : tb::fields()) k.fields.push_back(std::move(f));
   k.case_id = [](const CaseSpec& s) {
     const TrainingConfig t(s);
@@ -212,13 +184,7 @@ KindDecl training_kind() {
   };
   k.validate = [](const CaseSpec& s) {
     ds::validate(s, "training");
-    for (const char* beta : {"beta1", "beta2"}) {
-      if (s.get_float(beta) >= 1.0) {
-        throw_field_error(s, beta,
-                          "must be below 1 (the moments would never forget), got " +
-                              report::format_spec_value(s.get_float(beta)));
-      }
-    }
+    TrainingConfig::validate(s);
     if (!s.get_string("tensors").empty()) {
       throw_field_error(s, "tensors", "must be empty for kind training (its batches are seeded)");
     }
