@@ -182,12 +182,11 @@ bool scales_of(const OperandValues& x, bool along_rows, Scales& out) {
 
 // x's elements (squared where it is) as floats, each multiplied by 2^-exponent of its row
 // (`along_rows`) or column (a power of two: exact, but where the product is subnormal); same
-// layout as x. The storage is left uninitialised and each block of rows written by the thread
-// that converts it: zeroing a weight-sized array first, on one thread, took longer than the
-// conversion itself.
-FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s) {
+// layout as x, written into `out` [rows, cols]. Each block of rows is written by the thread
+// that converts it, into storage left uninitialised: zeroing a weight-sized array first, on one
+// thread, took longer than the conversion itself.
+void scaled_floats(const OperandValues& x, bool along_rows, const Scales& s, float* out) {
   const int64_t rows = x.rows(), cols = x.cols();
-  FloatRows out(rows, cols);
   const int64_t block_rows = x.block_rows();
   x.for_each_item((rows + block_rows - 1) / block_rows, [&](int64_t item) {
     Matrix work;
@@ -198,7 +197,7 @@ FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s
       const Eigen::Map<const Eigen::ArrayXd> column_factor(
           along_rows ? s.factor.data() : s.factor.data() + c0, along_rows ? 0 : nc);
       for (int64_t r = 0; r < nr; ++r) {
-        auto dst = out.row(r0 + r).segment(c0, nc).transpose().array();
+        auto dst = Eigen::Map<Eigen::ArrayXf>(out + (r0 + r) * cols + c0, nc);
         const auto src = b.row(r).transpose().array();
         if (along_rows && x.squared()) {
           dst = (src.square() * s.factor[r0 + r]).cast<float>();
@@ -212,7 +211,13 @@ FloatRows scaled_floats(const OperandValues& x, bool along_rows, const Scales& s
       }
     }
   });
-  return out;
+}
+
+// Room for `count` floats: the device's staging memory where it has some, else `own`'s.
+float* floats_for(Fp32Device* device, int slot, int64_t count, FloatRows& own) {
+  if (float* p = device ? device->staging(slot, count) : nullptr) return p;
+  own.resize(count, 1);
+  return own.data();
 }
 
 // For its lifetime, the calling thread's SSE/AVX arithmetic treats subnormal fp32 inputs and
@@ -344,7 +349,7 @@ BothWays both_ways(const float* x, int64_t rows, int64_t cols, const Eigen::Vect
 // drawn from a fixed seed, and kSampled elements against their definition. A sum of nonnegative
 // fp32 terms, in any order, is within (k + 3) 2^-24 of its exact value, flushed terms included
 // (each below 2^-125 in the scales' units), and so is any positive combination of such sums.
-void check_device_product(const Fp32Product& p, const FloatRows& c, const std::string& device) {
+void check_device_product(const Fp32Product& p, const float* c, const std::string& device) {
   constexpr int kSampled = 64;
   const int64_t m = p.m, n = p.n, k = p.k;
   const double rel = (double(k) + 3) * std::ldexp(1.0, -24) + std::ldexp(1.0, -40);
@@ -381,7 +386,7 @@ void check_device_product(const Fp32Product& p, const FloatRows& c, const std::s
   const BothWays b = p.tb ? both_ways(p.b, n, k, atw, v) : both_ways(p.b, k, n, v, atw);
   const Eigen::VectorXd &bv = p.tb ? b.left : b.right, &baw = p.tb ? b.right : b.left;
   const Eigen::VectorXd abv = a_times(bv, false);
-  const BothWays cvw = both_ways(c.data(), m, n, v, w);
+  const BothWays cvw = both_ways(c, m, n, v, w);
   for (int64_t i = 0; i < m; ++i) {
     if (!within(cvw.right(i), abv(i), v.sum())) fail("c v's row", i, cvw.right(i), abv(i));
   }
@@ -396,7 +401,8 @@ void check_device_product(const Fp32Product& p, const FloatRows& c, const std::s
       const double aq = p.ta ? p.a[q * m + i] : p.a[i * k + q];
       exact += aq * (p.tb ? p.b[j * k + q] : p.b[q * n + j]);
     }
-    if (!within(double(c(i, j)), exact, 1.0)) fail("element", i * n + j, c(i, j), exact);
+    const double got = c[i * n + j];
+    if (!within(got, exact, 1.0)) fail("element", i * n + j, got, exact);
   }
 }
 
@@ -438,8 +444,13 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeO
     gemm(alpha, a, op_a, b_in.squared ? vb.whole() : b, op_b, 1.0, c);
     return;
   }
-  const FloatRows fa = scaled_floats(va, !ta, sa);
-  const FloatRows fb = scaled_floats(vb, tb, sb);
+  Fp32Device* device = omp_get_level() == 0 ? t_fp32_device : nullptr;
+  if (device && !worth_a_device(m, n, k)) device = nullptr;
+  FloatRows own_a, own_b, own_c;
+  float* const fa = floats_for(device, 0, m * k, own_a);
+  float* const fb = floats_for(device, 1, k * n, own_b);
+  scaled_floats(va, !ta, sa, fa);
+  scaled_floats(vb, tb, sb, fb);
   const blasint lda = dim(a.cols(), "a row"), ldb = dim(b.cols(), "a row");
   const blasint kk = dim(k, "an inner dimension");
   // Below this (in the scales' units) the terms fp32 flushed may matter: fp64 again.
@@ -466,19 +477,18 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeO
       }
     }
   };
-  Fp32Device* device = omp_get_level() == 0 ? t_fp32_device : nullptr;
-  if (device && worth_a_device(m, n, k)) {
-    const Fp32Product p{fa.data(), ta, fb.data(), tb, m, n, k};
-    FloatRows whole(m, n);
-    if (device->multiply(p, whole.data())) {
+  if (device) {
+    const Fp32Product p{fa, ta, fb, tb, m, n, k};
+    float* const whole = floats_for(device, 2, m * n, own_c);
+    if (device->multiply(p, whole)) {
       check_device_product(p, whole, device->name());
-      for_each_row(m, [&](int64_t r) { add_block(whole.data() + r * n, n, r, 0, 1, n); });
+      for_each_row(m, [&](int64_t r) { add_block(whole + r * n, n, r, 0, 1, n); });
       return;
     }
   }
   for_each_tile(m, n, nonnegative_tiles(m, n), [&](int64_t i, int64_t j, blasint mt, blasint nt) {
-    const float* pa = ta ? fa.data() + i : fa.data() + i * a.cols();
-    const float* pb = tb ? fb.data() + j * b.cols() : fb.data() + j;
+    const float* pa = ta ? fa + i : fa + i * a.cols();
+    const float* pb = tb ? fb + j * b.cols() : fb + j;
     FloatRows tile(mt, nt);
     {
       const FlushSubnormals flush;

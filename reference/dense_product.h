@@ -74,6 +74,13 @@ class Fp32Device {
   // False: the device declines (its products would round the operands, as TF32 does) and the
   // host computes it.
   virtual bool multiply(const Fp32Product& p, float* c) = 0;
+  // Host memory for `count` floats that the device copies from and to fastest (page-locked for
+  // a GPU), or nullptr: the product's operands are converted straight into it, and its result
+  // lands in it. One buffer per slot (0: A, 1: B, 2: C), valid until the next call for that slot.
+  virtual float* staging(int slot, int64_t count) {
+    (void)slot, (void)count;
+    return nullptr;
+  }
 };
 
 // For its lifetime, gemm_nonnegative on the calling thread hands each product worth its

@@ -412,8 +412,18 @@ class EigenFp32Device : public Fp32Device {
       out.noalias() = a * b;
     }
     if (breaks) breaks(out);
+    seen = {p.a, p.b, c};
     return !declines;
   }
+  // With `stages`, buffers of its own, as a GPU's page-locked memory.
+  float* staging(int slot, int64_t count) override {
+    if (!stages) return nullptr;
+    buffers[slot].assign(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
+    return buffers[slot].data();
+  }
+  bool stages = false;
+  std::vector<float> buffers[3];
+  std::vector<const float*> seen;  // the last product's A, B and C
   std::function<void(
       Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>&)>
       breaks;
@@ -490,6 +500,40 @@ TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
     for (int64_t j = 0; j < n; ++j) {
       ASSERT_LE(std::abs(c(i, j) - exact(i, j)), rel * exact(i, j))
           << "element (" << i << ", " << j << ")";
+    }
+  }
+}
+
+// A device with staging memory receives its operands there and leaves its result there; the
+// floor is the same, bit for bit, as with a device that has none, and with the host's (where
+// it declines), in every transpose combination.
+TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
+  const auto [m, n, k] = kDeviceShape;
+  for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
+    for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
+      const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
+      const Matrix a = (pa ? random_matrix(m, k, 40) : random_matrix(k, m, 40)).cwiseAbs2();
+      const Matrix b = pb ? random_matrix(k, n, 41) : random_matrix(n, k, 41);
+      const auto run = [&](bool stages, bool declines) {
+        EigenFp32Device device;
+        device.stages = stages;
+        device.declines = declines;
+        Matrix c = Matrix::Zero(m, n);
+        {
+          const Fp32ProductsOn on(&device);
+          gemm_nonnegative(1.0, a, op_a, b, op_b, c, /*square_b=*/true);
+        }
+        EXPECT_EQ(device.calls, 1);
+        if (stages) {
+          const std::vector<const float*> staged = {
+              device.buffers[0].data(), device.buffers[1].data(), device.buffers[2].data()};
+          EXPECT_EQ(device.seen, staged);
+        }
+        return c;
+      };
+      const Matrix plain = run(false, false);
+      EXPECT_TRUE(same_bits(plain, run(true, false))) << int(op_a) << " " << int(op_b);
+      EXPECT_TRUE(same_bits(run(false, true), run(true, true))) << int(op_a) << " " << int(op_b);
     }
   }
 }
