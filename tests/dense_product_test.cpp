@@ -508,7 +508,7 @@ TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
 // floor is the same, bit for bit, as with a device that has none, and with the host's (where
 // it declines), in every transpose combination.
 TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
-  const auto [m, n, k] = kDeviceShape;
+  const int64_t m = kDeviceShape.m, n = kDeviceShape.n, k = kDeviceShape.k;  // captured below
   for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
     for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
       const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
