@@ -417,11 +417,12 @@ class EigenFp32Device : public Fp32Device {
   }
   // With `stages`, buffers of its own, as a GPU's page-locked memory.
   float* staging(int slot, int64_t count) override {
-    if (!stages) return nullptr;
+    if (!stages || (only_slot >= 0 && slot != only_slot)) return nullptr;
     buffers[slot].assign(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
     return buffers[slot].data();
   }
   bool stages = false;
+  int only_slot = -1;  // >= 0: that slot alone is staged (as where an allocation fails)
   std::vector<float> buffers[3];
   std::vector<const float*> seen;  // the last product's A, B and C
   std::function<void(
@@ -505,8 +506,8 @@ TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
 }
 
 // A device with staging memory receives its operands there and leaves its result there; the
-// floor is the same, bit for bit, as with a device that has none, and with the host's (where
-// it declines), in every transpose combination.
+// floor is the same, bit for bit, as with a device that has none or stages one slot only, and
+// with the host's (where it declines), in every transpose combination.
 TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
   const int64_t m = kDeviceShape.m, n = kDeviceShape.n, k = kDeviceShape.k;  // captured below
   for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
@@ -514,17 +515,18 @@ TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
       const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
       const Matrix a = (pa ? random_matrix(m, k, 40) : random_matrix(k, m, 40)).cwiseAbs2();
       const Matrix b = pb ? random_matrix(k, n, 41) : random_matrix(n, k, 41);
-      const auto run = [&](bool stages, bool declines) {
+      const auto run = [&](bool stages, bool declines, int only_slot = -1) {
         EigenFp32Device device;
         device.stages = stages;
         device.declines = declines;
+        device.only_slot = only_slot;
         Matrix c = Matrix::Zero(m, n);
         {
           const Fp32ProductsOn on(&device);
           gemm_nonnegative(1.0, a, op_a, b, op_b, c, /*square_b=*/true);
         }
         EXPECT_EQ(device.calls, 1);
-        if (stages) {
+        if (stages && only_slot < 0) {
           const std::vector<const float*> staged = {
               device.buffers[0].data(), device.buffers[1].data(), device.buffers[2].data()};
           EXPECT_EQ(device.seen, staged);
@@ -533,6 +535,7 @@ TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
       };
       const Matrix plain = run(false, false);
       EXPECT_TRUE(same_bits(plain, run(true, false))) << int(op_a) << " " << int(op_b);
+      EXPECT_TRUE(same_bits(plain, run(true, false, 1))) << int(op_a) << " " << int(op_b);
       EXPECT_TRUE(same_bits(run(false, true), run(true, true))) << int(op_a) << " " << int(op_b);
     }
   }
@@ -613,26 +616,42 @@ TEST(DenseProduct, AWrongDeviceProductIsRefused) {
 }
 
 // The check reads each operand in its own layout: in every transpose combination, m, n and k
-// distinct, a correct product passes (NonnegativeOnADeviceKeepsTheBound) and these are refused.
+// distinct, a correct product passes (NonnegativeOnADeviceKeepsTheBound) and each of these is
+// refused by the projection that alone sees it. A row 3e-4 high moves that row of C v by 3e-4
+// (the bound is (k + 3) 2^-24, 1.2e-4 here) and each column of C^T w by 3e-4 / m; a column
+// 3e-4 high, the other way round.
 TEST(DenseProduct, AWrongDeviceProductIsRefusedInEveryLayout) {
-  const auto [m, n, k] = kDeviceShape;
+  const int64_t m = kDeviceShape.m, n = kDeviceShape.n, k = kDeviceShape.k;
   using Out = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-  const std::vector<std::pair<std::string, std::function<void(Out&)>>> faults = {
-      {"the last element doubled", [](Out& c) { c(c.rows() - 1, c.cols() - 1) *= 2; }},
-      {"the last column lost", [](Out& c) { c.col(c.cols() - 1).setZero(); }},
+  struct Fault {
+    std::string what, caught_by;
+    std::function<void(Out&)> breaks;
+  };
+  const std::vector<Fault> faults = {
+      {"the last row 3e-4 high", "c v's row " + std::to_string(m - 1),
+       [](Out& c) { c.row(c.rows() - 1) *= 1.0003f; }},
+      {"the last column 3e-4 high", "c^T w's column " + std::to_string(n - 1),
+       [](Out& c) { c.col(c.cols() - 1) *= 1.0003f; }},
   };
   for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
     for (const Op op_b : {Op::kPlain, Op::kTransposed}) {
       const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
       const Matrix a = (pa ? random_matrix(m, k, 38) : random_matrix(k, m, 38)).cwiseAbs2();
       const Matrix b = (pb ? random_matrix(k, n, 39) : random_matrix(n, k, 39)).cwiseAbs2();
-      for (const auto& [what, fault] : faults) {
+      for (const auto& fault : faults) {
         EigenFp32Device device;
-        device.breaks = fault;
+        device.breaks = fault.breaks;
         const Fp32ProductsOn on(&device);
         Matrix c = Matrix::Zero(m, n);
-        EXPECT_THROW(gemm_nonnegative(1.0, a, op_a, b, op_b, c), std::runtime_error)
-            << what << ", op_a " << int(op_a) << " op_b " << int(op_b);
+        const std::string where = fault.what + ", op_a " + std::to_string(int(op_a)) + " op_b " +
+                                  std::to_string(int(op_b));
+        try {
+          gemm_nonnegative(1.0, a, op_a, b, op_b, c);
+          ADD_FAILURE() << where << ": not refused";
+        } catch (const std::runtime_error& e) {
+          EXPECT_NE(std::string(e.what()).find(fault.caught_by), std::string::npos)
+              << where << ": " << e.what();
+        }
       }
     }
   }

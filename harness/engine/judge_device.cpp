@@ -52,6 +52,7 @@ class CudaFp32Device final : public JudgeDevice {
   float* staging(int slot, int64_t count) override {
     if (slot < 0 || slot >= kSlots) return nullptr;
     after_.wait();  // allocating would otherwise run inside the baseline's phase
+    if (at::globalContext().allowTF32CuBLAS()) return nullptr;  // multiply will decline
     const c10::cuda::CUDAGuard guard(index_);
     auto& t = staging_[slot];
     if (!t.defined() || t.numel() < count) {
