@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "harness/generate/gptq_layer_gen.h"
+#include "harness/generate/normal_draw.h"
 #include "harness/generate/philox.h"
 #include "harness/generate/seeded_streams.h"
 
@@ -100,6 +103,81 @@ TEST(SeededStream, Fp32TensorsAreTheFp64DrawsConverted) {
   EXPECT_EQ(f.scalar_type(), at::kFloat);
   const auto d = normal_tensor(7, "w", {129, 257}, 0.02).to(at::kFloat);
   EXPECT_TRUE(f.view(at::kInt).equal(d.view(at::kInt)));
+}
+
+// The vectorised fp32 draw against the defining one, value by value, over 2^20 elements of
+// two streams and two scales: every value it decides is the defining draw rounded to fp32,
+// and the few it leaves undecided exist (so the fallback runs) and are rare.
+TEST(NormalDraw, BlockDecidesTheDefiningValueOrLeavesItUndecided) {
+  constexpr int64_t kCount = int64_t{1} << 20;
+  std::vector<float> out(kCount);
+  std::vector<int64_t> undecided(kCount);
+  for (const double stddev : {0.02, 1.0}) {
+    for (const char* name : {"w", "layers.3.down_proj.weight"}) {
+      const SeededStream stream(9, name);
+      const uint64_t first = uint64_t{5} << 32;  // the counter's high word in use
+      const int64_t left = normal_draw::fp32_block(stream.key(), first, kCount, stddev, out.data(),
+                                                   undecided.data());
+      EXPECT_GT(left, 0) << name;
+      EXPECT_LT(left, kCount / 4096) << name;
+      std::vector<char> open(kCount, 0);
+      for (int64_t j = 0; j < left; ++j) open[undecided[j]] = 1;
+      int64_t mismatches = 0;
+      for (int64_t i = 0; i < kCount; ++i) {
+        if (open[i]) continue;
+        const float want = static_cast<float>(stddev * stream.normal(first + i));
+        if (std::memcmp(&want, &out[i], sizeof want) != 0 && mismatches++ < 3) {
+          ADD_FAILURE() << name << " element " << first + i << ": " << out[i] << " vs " << want;
+        }
+      }
+      EXPECT_EQ(mismatches, 0) << name << ", stddev " << stddev;
+    }
+  }
+}
+
+// The edges of the evaluation: cos near its zeros and extremes (the quadrant boundaries of
+// the reduction), log near 0 and at the smallest uniform, the mantissa's sqrt(2) split.
+TEST(NormalDraw, CandidateIsTheDefiningValueAtTheEdges) {
+  const auto defining = [](double u1, double u2, double stddev) {
+    return static_cast<float>(stddev *
+                              (std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2)));
+  };
+  const auto walk = [](double x, int steps) {
+    std::vector<double> v;
+    double lo = x, hi = x;
+    for (int i = 0; i < steps; ++i) {
+      lo = std::nextafter(lo, 0.0), hi = std::nextafter(hi, 2.0);
+      if (lo > 0) v.push_back(lo);
+      if (hi <= 1) v.push_back(hi);
+    }
+    v.push_back(x);
+    return v;
+  };
+  std::vector<double> u1s, u2s;
+  for (const double e : {0x1.0p-54, 0.5, std::sqrt(0.5), 0.25 * std::sqrt(2.0), 1.0, 0.9}) {
+    for (double u : walk(e, 40)) u1s.push_back(u);
+  }
+  for (const double e : {0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0}) {
+    for (double u : walk(e, 200)) u2s.push_back(u);
+  }
+  int64_t decided = 0, mismatches = 0;
+  for (const double stddev : {0.02, 1.0, 3e-41}) {
+    for (const double u1 : u1s) {
+      for (const double u2 : u2s) {
+        const auto c = normal_draw::fp32_candidate(u1, u2, stddev);
+        if (!c.certain) continue;
+        ++decided;
+        const float want = defining(u1, u2, stddev);
+        if (std::memcmp(&want, &c.value, sizeof want) != 0 && mismatches++ < 3) {
+          ADD_FAILURE() << "u1 " << u1 << ", u2 " << u2 << ", stddev " << stddev << ": " << c.value
+                        << " vs " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(decided, int64_t(u1s.size() * u2s.size()));  // most of the three scales' pairs
+  EXPECT_FALSE(normal_draw::fp32_candidate(1.0, 0.3, 1.0).certain);  // a zero: left undecided
 }
 
 // A seeded layer drawn again (the process keeps its latest layers) is the layer a fresh draw
