@@ -105,23 +105,28 @@ TEST(SeededStream, Fp32TensorsAreTheFp64DrawsConverted) {
   EXPECT_TRUE(f.view(at::kInt).equal(d.view(at::kInt)));
 }
 
-// The vectorised fp32 draw against the defining one, value by value, over 2^20 elements of
-// two streams and two scales: every value it decides is the defining draw rounded to fp32,
-// and the few it leaves undecided exist (so the fallback runs) and are rare.
+// The vectorised fp32 draw against the defining one, value by value, over about 2^20 elements
+// (a count that is no multiple of the lanes, across a step of the counter's high word) of two
+// streams and two scales: every value it decides is the defining draw rounded to fp32, the few
+// it leaves undecided exist (so the fallback runs), are rare and are NaN until drawn.
 TEST(NormalDraw, BlockDecidesTheDefiningValueOrLeavesItUndecided) {
-  constexpr int64_t kCount = int64_t{1} << 20;
-  std::vector<float> out(kCount);
+  constexpr int64_t kCount = (int64_t{1} << 20) - 3;
+  std::vector<float> out(kCount + 1, 7.0f);
   std::vector<int64_t> undecided(kCount);
   for (const double stddev : {0.02, 1.0}) {
     for (const char* name : {"w", "layers.3.down_proj.weight"}) {
       const SeededStream stream(9, name);
-      const uint64_t first = uint64_t{5} << 32;  // the counter's high word in use
+      const uint64_t first = (uint64_t{5} << 32) - 1000;
       const int64_t left = normal_draw::fp32_block(stream.key(), first, kCount, stddev, out.data(),
                                                    undecided.data());
       EXPECT_GT(left, 0) << name;
       EXPECT_LT(left, kCount / 4096) << name;
+      EXPECT_EQ(out[kCount], 7.0f) << "written past the block";
       std::vector<char> open(kCount, 0);
-      for (int64_t j = 0; j < left; ++j) open[undecided[j]] = 1;
+      for (int64_t j = 0; j < left; ++j) {
+        open[undecided[j]] = 1;
+        EXPECT_TRUE(std::isnan(out[undecided[j]])) << name << " undecided offset " << undecided[j];
+      }
       int64_t mismatches = 0;
       for (int64_t i = 0; i < kCount; ++i) {
         if (open[i]) continue;

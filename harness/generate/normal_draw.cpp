@@ -1,7 +1,9 @@
 #include "harness/generate/normal_draw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace gradscope::normal_draw {
 namespace {
@@ -30,8 +32,9 @@ constexpr double kLn2 = 0x1.62e42fefa39efp-1;
 // Relative half-width of the interval that must hold the defining draw's value. The
 // evaluation below differs from the exact value by a few units of 2^-53 (each series is
 // truncated below 2^-55 relative, each step rounds once), and the C library's log and cos by
-// less than one more each: 2^-40 leaves a factor of about 100 over their sum, while an
-// interval this narrow holds an fp32 rounding boundary about once in 2^15 draws.
+// less than one more each: 2^-40 is thousands of such units (the differences measured:
+// docs/measurements/normal-draw-cpu.log), while an interval this narrow holds an fp32
+// rounding boundary about once in 2^15 draws.
 constexpr double kMargin = 0x1.0p-40;
 
 // Integers below 2^52 to double and back through the bits of 2^52 + i: exact, and without
@@ -158,8 +161,9 @@ int64_t fp32_block(const philox::Key& key, uint64_t first, int64_t count, double
       const double x = stddev * v[j];
       const float lo = static_cast<float>(x * (1.0 - kMargin));
       const float hi = static_cast<float>(x * (1.0 + kMargin));
-      value[j] = lo;
       certain[j] = (lo == hi) & (x != 0.0);
+      // An undecided value is NaN until the caller draws it: a forgotten one cannot pass.
+      value[j] = certain[j] ? lo : std::numeric_limits<float>::quiet_NaN();
     }
     for (int j = 0; j < lanes; ++j) {
       out[start + j] = value[j];

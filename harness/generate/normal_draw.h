@@ -21,8 +21,9 @@ struct Candidate {
 Candidate fp32_candidate(double u1, double u2, double stddev);
 
 // out[j] = float(stddev * normal(first + j)) of the stream with this key, for j in [0, count)
-// wherever fp32_candidate is certain; the offsets j where it is not are written to undecided
-// (room for count) and their count returned, for the caller to draw with SeededStream::normal.
+// wherever fp32_candidate is certain; where it is not, out[j] is NaN and the offset j is
+// written to undecided (room for count), for the caller to draw with SeededStream::normal; the
+// number of such offsets is returned.
 // Vectorised over lanes; the values do not depend on the ISA the file is compiled for.
 int64_t fp32_block(const philox::Key& key, uint64_t first, int64_t count, double stddev, float* out,
                    int64_t* undecided);
