@@ -112,7 +112,9 @@ constexpr int64_t kBlockCols = 256;
 
 // The power-of-two scales of a nonnegative operand's rows or columns (`along_rows`: one per
 // row, else one per column): exponent e with max * 2^-e in [1, 2), or `zero` set where the
-// row or column is all zero. False if an element is not finite.
+// row or column is all zero. A maximum below fp64's normal range takes the exponent of its
+// bottom, -1022, so that 2^-e stays finite (max * 2^-e is then below 1; the elements fp32
+// flushes are computed again in fp64). False if an element is not finite.
 struct Scales {
   std::vector<int> exponent;
   std::vector<double> factor;  // 2^-exponent
@@ -171,7 +173,8 @@ bool scales_of(const OperandValues& x, bool along_rows, Scales& out) {
   out.factor.assign(static_cast<size_t>(lines), 1.0);
   for (int64_t l = 0; l < lines; ++l) {
     if (largest(l) > 0) {
-      out.exponent[l] = std::ilogb(largest(l));
+      out.exponent[l] =
+          std::max(std::ilogb(largest(l)), std::numeric_limits<double>::min_exponent - 1);
       out.factor[l] = std::ldexp(1.0, -out.exponent[l]);
     } else {
       out.zero[l] = 1;

@@ -248,6 +248,33 @@ TEST(DenseProduct, NonnegativeComputesFlushedElementsAgainInFp64) {
   EXPECT_EQ(c(0, 1), std::ldexp(1.0, 600) + std::ldexp(1.0, -500));
 }
 
+// A row of A and a column of B whose largest elements are below fp64's normal range (a
+// gradient's square where attention probabilities underflowed): their scales must stay
+// finite, and the product keeps its bound (before, 2^-e overflowed and the floor was NaN).
+TEST(DenseProduct, NonnegativeRowsAndColumnsOfSubnormalsKeepTheBound) {
+  Matrix a = nonnegative(4, 6, 21, false, false), b = nonnegative(6, 5, 22, false, false);
+  for (int64_t q = 0; q < 6; ++q) {
+    a(1, q) = std::ldexp(1.0 + q, -1064 + q);  // 2^-1064 .. 2^-1057
+    b(q, 3) = std::ldexp(3.0 + q, -1060);
+  }
+  for (const bool transposed : {false, true}) {
+    const Matrix bt = b.transpose();
+    Matrix c = Matrix::Zero(4, 5);
+    gemm_nonnegative(1.0, a, Op::kPlain, transposed ? bt : b,
+                     transposed ? Op::kTransposed : Op::kPlain, c);
+    const Matrix exact = naive(a, Op::kPlain, b, Op::kPlain);
+    ASSERT_TRUE(c.allFinite()) << "transposed " << transposed;
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t j = 0; j < 5; ++j) {
+        EXPECT_LE(
+            std::abs(c(i, j) - exact(i, j)),
+            std::ldexp(1.0, -20) * exact(i, j) + 8 * std::numeric_limits<double>::denorm_min())
+            << "element (" << i << ", " << j << "), transposed " << transposed;
+      }
+    }
+  }
+}
+
 TEST(DenseProduct, NonnegativeWithANonFiniteOperandIsTheFp64Product) {
   Matrix a = nonnegative(5, 7, 6, false, false), b = nonnegative(7, 4, 7, false, false);
   a(2, 3) = std::numeric_limits<double>::infinity();
