@@ -113,8 +113,8 @@ constexpr int64_t kBlockCols = 256;
 // The power-of-two scales of a nonnegative operand's rows or columns (`along_rows`: one per
 // row, else one per column): exponent e with max * 2^-e in [1, 2), or `zero` set where the
 // row or column is all zero. A maximum below fp64's normal range takes the exponent of its
-// bottom, -1022, so that 2^-e stays finite (max * 2^-e is then below 1; the elements fp32
-// flushes are computed again in fp64). False if an element is not finite.
+// bottom, -1022, so that 2^-e stays finite: max * 2^-e is then below 1, and any nonzero
+// element at least 2^-52, which fp32 holds. False if an element is not finite.
 struct Scales {
   std::vector<int> exponent;
   std::vector<double> factor;  // 2^-exponent

@@ -25,7 +25,8 @@ void gemm(double alpha, const Matrix& a, Op op_a, const Matrix& b, Op op_b, doub
 // C += alpha op(A) op(B) for operands with no negative element (squares, variances: the
 // floor's products of squares), alpha >= 0, computed in fp32 at twice the fp64 rate
 // (docs/verification.md, "The reference's products"). Each row of op(A) and each column of
-// op(B) is scaled by a power of two that brings its largest element into [1, 2) (exact), so no
+// op(B) is scaled by a power of two that brings its largest element into [1, 2) (exact; one
+// whose largest element is below fp64's normal range by 2^1022, into [2^-52, 1)), so no
 // operand overflows or underflows for its scale; each element's relative error is then at most
 // about (K + 3) 2^-24 (a sum of K nonnegative terms, its terms subnormal in fp32 flushed to
 // zero: they would run the FMA units through microcode). Where a computed element is small for its

@@ -251,28 +251,37 @@ TEST(DenseProduct, NonnegativeComputesFlushedElementsAgainInFp64) {
 // A row of A and a column of B whose largest elements are below fp64's normal range (a
 // gradient's square where attention probabilities underflowed): their scales must stay
 // finite, and the product keeps its bound (before, 2^-e overflowed and the floor was NaN).
+// B stored, stored transposed, and given by its roots (squared where the product reads it).
 TEST(DenseProduct, NonnegativeRowsAndColumnsOfSubnormalsKeepTheBound) {
   Matrix a = nonnegative(4, 6, 21, false, false), b = nonnegative(6, 5, 22, false, false);
+  Matrix root = nonnegative(6, 5, 23, false, false);
   for (int64_t q = 0; q < 6; ++q) {
-    a(1, q) = std::ldexp(1.0 + q, -1064 + q);  // 2^-1064 .. 2^-1057
+    a(1, q) = std::ldexp(1.0 + q, -1064 + q);  // 2^-1064 .. 6 2^-1059
     b(q, 3) = std::ldexp(3.0 + q, -1060);
+    root(q, 3) = std::ldexp(1.0 + q, -532);  // squares 2^-1064 .. 36 2^-1064
   }
-  for (const bool transposed : {false, true}) {
-    const Matrix bt = b.transpose();
-    Matrix c = Matrix::Zero(4, 5);
-    gemm_nonnegative(1.0, a, Op::kPlain, transposed ? bt : b,
-                     transposed ? Op::kTransposed : Op::kPlain, c);
-    const Matrix exact = naive(a, Op::kPlain, b, Op::kPlain);
-    ASSERT_TRUE(c.allFinite()) << "transposed " << transposed;
-    for (int64_t i = 0; i < 4; ++i) {
-      for (int64_t j = 0; j < 5; ++j) {
+  const auto expect_bound = [&](const Matrix& c, const Matrix& exact, const char* how) {
+    ASSERT_TRUE(c.allFinite()) << how;
+    for (int64_t i = 0; i < c.rows(); ++i) {
+      for (int64_t j = 0; j < c.cols(); ++j) {
         EXPECT_LE(
             std::abs(c(i, j) - exact(i, j)),
             std::ldexp(1.0, -20) * exact(i, j) + 8 * std::numeric_limits<double>::denorm_min())
-            << "element (" << i << ", " << j << "), transposed " << transposed;
+            << "element (" << i << ", " << j << "), " << how;
       }
     }
-  }
+  };
+  const Matrix exact = naive(a, Op::kPlain, b, Op::kPlain);
+  Matrix c = Matrix::Zero(4, 5);
+  gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
+  expect_bound(c, exact, "B stored");
+  const Matrix bt = b.transpose();
+  c.setZero();
+  gemm_nonnegative(1.0, a, Op::kPlain, bt, Op::kTransposed, c);
+  expect_bound(c, exact, "B stored transposed");
+  c.setZero();
+  gemm_nonnegative(1.0, a, Op::kPlain, root, Op::kPlain, c, /*square_b=*/true);
+  expect_bound(c, naive(a, Op::kPlain, root.cwiseAbs2(), Op::kPlain), "B given by its roots");
 }
 
 TEST(DenseProduct, NonnegativeWithANonFiniteOperandIsTheFp64Product) {
