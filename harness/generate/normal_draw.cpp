@@ -43,9 +43,9 @@ constexpr uint64_t kTwo52Bits = 0x4330000000000000ull;
 constexpr double kTwo52 = 0x1.0p52;
 
 // log(u) for u in (0, 1]: u = 2^e m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) with
-// s = (m - 1) / (m + 1), |s| <= 0.172, as the odd series of atanh up to s^19. Adding the bits
-// of 1 - sqrt(1/2) to u's carries into the exponent exactly when m >= sqrt(2): e and m
-// without a branch.
+// s = (m - 1) / (m + 1), |s| <= 0.172, as the odd series of atanh up to s^19. Adding
+// bits(1) - bits(sqrt(1/2)) to u's bits carries into the exponent exactly when m >= sqrt(2):
+// e and m without a branch.
 inline double log_unit(double u) {
   constexpr uint64_t kHalfSqrt2Bits = 0x3fe6a09e667f3bcdull;  // sqrt(1/2)
   const uint64_t t = bits_of(u) + (0x3ff0000000000000ull - kHalfSqrt2Bits);
