@@ -428,10 +428,9 @@ TEST(DenseProduct, NonnegativeTallTilesKeepTheBoundAndTheBits) {
   omp_set_num_threads(threads);
 }
 
-// Stand-ins for a device (the harness hands a case's GPU to the floor): one that computes the
-// fp32 product faithfully, with Eigen's float GEMM, and one that breaks it after computing it.
-// A stand-in for a GPU: the product in fp32 by the BLAS (not instrumented, so the sanitizer
-// build runs these tests at the BLAS's speed), single-threaded as gemm_nonnegative sets it.
+// A stand-in for a device (the harness hands a case's GPU to the floor): the fp32 product by the
+// BLAS (not instrumented, so the sanitizer build runs these tests at the BLAS's speed),
+// single-threaded as gemm_nonnegative sets it; `breaks` spoils it after computing it.
 class BlasFp32Device : public Fp32Device {
  public:
   std::string name() const override { return "blas-fp32"; }
@@ -544,34 +543,32 @@ TEST(DenseProduct, ALowRankSumOnADeviceKeepsTheBound) {
 TEST(DenseProduct, StagedOperandsGiveTheSameBits) {
   const int64_t m = kDeviceShape.m, n = kDeviceShape.n, k = kDeviceShape.k;  // captured below
   for (const Op op_a : {Op::kPlain, Op::kTransposed}) {
-    {
-      const Op op_b = op_a;  // each operand read in both layouts
-      const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
-      const Matrix a = (pa ? random_matrix(m, k, 40) : random_matrix(k, m, 40)).cwiseAbs2();
-      const Matrix b = pb ? random_matrix(k, n, 41) : random_matrix(n, k, 41);
-      const auto run = [&](bool stages, bool declines, int only_slot = -1) {
-        BlasFp32Device device;
-        device.stages = stages;
-        device.declines = declines;
-        device.only_slot = only_slot;
-        Matrix c = Matrix::Zero(m, n);
-        {
-          const Fp32ProductsOn on(&device);
-          gemm_nonnegative(1.0, a, op_a, b, op_b, c, /*square_b=*/true);
-        }
-        EXPECT_EQ(device.calls, 1);
-        if (stages && only_slot < 0) {
-          const std::vector<const float*> staged = {
-              device.buffers[0].data(), device.buffers[1].data(), device.buffers[2].data()};
-          EXPECT_EQ(device.seen, staged);
-        }
-        return c;
-      };
-      const Matrix plain = run(false, false);
-      EXPECT_TRUE(same_bits(plain, run(true, false))) << int(op_a) << " " << int(op_b);
-      EXPECT_TRUE(same_bits(plain, run(true, false, 1))) << int(op_a) << " " << int(op_b);
-      EXPECT_TRUE(same_bits(run(false, true), run(true, true))) << int(op_a) << " " << int(op_b);
-    }
+    const Op op_b = op_a;  // each operand read in both layouts
+    const bool pa = op_a == Op::kPlain, pb = op_b == Op::kPlain;
+    const Matrix a = (pa ? random_matrix(m, k, 40) : random_matrix(k, m, 40)).cwiseAbs2();
+    const Matrix b = pb ? random_matrix(k, n, 41) : random_matrix(n, k, 41);
+    const auto run = [&](bool stages, bool declines, int only_slot = -1) {
+      BlasFp32Device device;
+      device.stages = stages;
+      device.declines = declines;
+      device.only_slot = only_slot;
+      Matrix c = Matrix::Zero(m, n);
+      {
+        const Fp32ProductsOn on(&device);
+        gemm_nonnegative(1.0, a, op_a, b, op_b, c, /*square_b=*/true);
+      }
+      EXPECT_EQ(device.calls, 1);
+      if (stages && only_slot < 0) {
+        const std::vector<const float*> staged = {
+            device.buffers[0].data(), device.buffers[1].data(), device.buffers[2].data()};
+        EXPECT_EQ(device.seen, staged);
+      }
+      return c;
+    };
+    const Matrix plain = run(false, false);
+    EXPECT_TRUE(same_bits(plain, run(true, false))) << int(op_a) << " " << int(op_b);
+    EXPECT_TRUE(same_bits(plain, run(true, false, 1))) << int(op_a) << " " << int(op_b);
+    EXPECT_TRUE(same_bits(run(false, true), run(true, true))) << int(op_a) << " " << int(op_b);
   }
 }
 

@@ -98,22 +98,21 @@ inline double cos_turn(double x) {
   return double_of(((bits_of(c) & ~odd) | (bits_of(s) & odd)) ^ sign);
 }
 
-}  // namespace
-
-namespace {
-
-inline Candidate candidate(double u1, double u2, double stddev) {
-  const double v = stddev * (std::sqrt(-2.0 * log_unit(u1)) * cos_turn(2.0 * M_PI * u2));
-  const float lo = static_cast<float>(v * (1.0 - kMargin));
-  const float hi = static_cast<float>(v * (1.0 + kMargin));
-  // A zero (u1 = 1) keeps the sign the C library's evaluation gives it: left to that one.
-  return {lo, lo == hi && v != 0.0};
+// The fp32 value of x = stddev * draw where the margin's interval around x rounds to one fp32
+// number, else NaN (left to the defining evaluation). A zero (u1 = 1) keeps the sign the C
+// library's evaluation gives it: left to that one too.
+inline float decided(double x) {
+  const float lo = static_cast<float>(x * (1.0 - kMargin));
+  const float hi = static_cast<float>(x * (1.0 + kMargin));
+  return (lo == hi) & (x != 0.0) ? lo : std::numeric_limits<float>::quiet_NaN();
 }
 
 }  // namespace
 
 Candidate fp32_candidate(double u1, double u2, double stddev) {
-  return candidate(u1, u2, stddev);
+  const float value =
+      decided(stddev * (std::sqrt(-2.0 * log_unit(u1)) * cos_turn(2.0 * M_PI * u2)));
+  return {value, !std::isnan(value)};
 }
 
 int64_t fp32_block(const philox::Key& key, uint64_t first, int64_t count, double stddev, float* out,
@@ -155,19 +154,12 @@ int64_t fp32_block(const philox::Key& key, uint64_t first, int64_t count, double
     double v[kLanes];
     for (int j = 0; j < kLanes; ++j) v[j] = log_unit(u1[j]);
     for (int j = 0; j < kLanes; ++j) v[j] = std::sqrt(-2.0 * v[j]) * cos_turn(2.0 * M_PI * u2[j]);
+    // An undecided value is NaN until the caller draws it: a forgotten one cannot pass.
     float value[kLanes];
-    int certain[kLanes];
-    for (int j = 0; j < kLanes; ++j) {
-      const double x = stddev * v[j];
-      const float lo = static_cast<float>(x * (1.0 - kMargin));
-      const float hi = static_cast<float>(x * (1.0 + kMargin));
-      certain[j] = (lo == hi) & (x != 0.0);
-      // An undecided value is NaN until the caller draws it: a forgotten one cannot pass.
-      value[j] = certain[j] ? lo : std::numeric_limits<float>::quiet_NaN();
-    }
+    for (int j = 0; j < kLanes; ++j) value[j] = decided(stddev * v[j]);
     for (int j = 0; j < lanes; ++j) {
       out[start + j] = value[j];
-      if (!certain[j]) undecided[left_over++] = start + j;
+      if (std::isnan(value[j])) undecided[left_over++] = start + j;
     }
   }
   return left_over;
