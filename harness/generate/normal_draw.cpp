@@ -104,7 +104,7 @@ inline double cos_turn(double x) {
 inline float decided(double x) {
   const float lo = static_cast<float>(x * (1.0 - kMargin));
   const float hi = static_cast<float>(x * (1.0 + kMargin));
-  return (lo == hi) & (x != 0.0) ? lo : std::numeric_limits<float>::quiet_NaN();
+  return ((lo == hi) & (x != 0.0)) ? lo : std::numeric_limits<float>::quiet_NaN();
 }
 
 }  // namespace
