@@ -448,7 +448,7 @@ void gemm_nonnegative(double alpha, const Matrix& a, Op op_a, const NonnegativeO
     return;
   }
   Fp32Device* device = omp_get_level() == 0 ? t_fp32_device : nullptr;
-  if (device && !worth_a_device(m, n, k)) device = nullptr;
+  if (device && !device->takes(m, n, k)) device = nullptr;
   FloatRows own_a, own_b, own_c;
   float* const fa = floats_for(device, 0, m * k, own_a);
   float* const fb = floats_for(device, 1, k * n, own_b);

@@ -65,12 +65,20 @@ struct Fp32Product {
   int64_t m, n, k;
 };
 
+// Whether a product of these shapes is worth a device: the operands and the result cross to it
+// and back once (m k + k n + m n elements) against m n k multiply-adds, so small or thin
+// products are faster on the host. Shapes alone decide.
+inline constexpr double kDeviceMinIntensity = 512;
+bool worth_a_device(int64_t m, int64_t n, int64_t k);
+
 // A device that computes gemm_nonnegative's fp32 products in place of this host's BLAS: the
 // harness offers a case's GPU (docs/verification.md, "The floor's products on the GPU").
 class Fp32Device {
  public:
   virtual ~Fp32Device() = default;
   virtual std::string name() const = 0;
+  // Whether gemm_nonnegative offers it a product of these shapes (else the host computes it).
+  virtual bool takes(int64_t m, int64_t n, int64_t k) const { return worth_a_device(m, n, k); }
   // c [m, n], row-major = op(A) op(B), each element a sum of fp32 products accumulated in fp32.
   // False: the device declines (its products would round the operands, as TF32 does) and the
   // host computes it.
@@ -84,9 +92,10 @@ class Fp32Device {
   }
 };
 
-// For its lifetime, gemm_nonnegative on the calling thread hands each product worth its
-// transfers (worth_a_device) to `device` and checks the result against the operands: a wrong
-// one throws std::runtime_error naming the device and the shape. nullptr: the host's BLAS.
+// For its lifetime, gemm_nonnegative on the calling thread hands each product the device takes
+// (by default those worth their transfers) to `device` and checks the result against the
+// operands: a wrong one throws std::runtime_error naming the device and the shape. nullptr: the
+// host's BLAS.
 // Products inside another parallel region, and on other threads, stay on the host.
 class Fp32ProductsOn {
  public:
@@ -98,12 +107,6 @@ class Fp32ProductsOn {
  private:
   Fp32Device* previous_;
 };
-
-// Whether a product of these shapes goes to a device: the operands and the result cross to it
-// and back once (m k + k n + m n elements) against m n k multiply-adds, so small or thin
-// products are faster on the host. Shapes alone decide.
-inline constexpr double kDeviceMinIntensity = 512;
-bool worth_a_device(int64_t m, int64_t n, int64_t k);
 
 // alpha op(A) op(B), a new matrix.
 Matrix product(const Matrix& a, Op op_a, const Matrix& b, Op op_b, double alpha = 1.0);
