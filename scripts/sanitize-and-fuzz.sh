@@ -22,12 +22,52 @@ bash scripts/build-sanitize.sh
 
 source scripts/sanitizer-env.sh
 export GRADSCOPE="$PWD/$BUILD_DIR/gradscope"
+
+# side_by_side FUNCTION ARG...: runs FUNCTION ARG for each ARG, JOBS at a time (each is
+# single-threaded at heart, so side by side they use the cores one alone leaves idle), each into
+# $BUILD_DIR/FUNCTION-ARG.log; then prints, in order, each one's last line, or the tail of a
+# failing one's log. Fails when any failed. FUNCTION runs where errexit is off (the left of
+# ||): it returns its failures itself.
+side_by_side() {
+  local function=$1 arg failed=0
+  shift
+  for arg in "$@"; do
+    while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+    (
+      rc=0
+      "$function" "$arg" >"$BUILD_DIR/$function-$arg.log" 2>&1 || rc=$?
+      echo "$rc" >"$BUILD_DIR/$function-$arg.rc"
+    ) &
+  done
+  wait
+  for arg in "$@"; do
+    local log="$BUILD_DIR/$function-$arg.log" rc
+    rc=$(cat "$BUILD_DIR/$function-$arg.rc")
+    if [[ $rc == 0 ]]; then
+      tail -n 1 "$log"
+    else
+      tail -n 60 "$log"
+      echo "sanitize-and-fuzz: $function $arg failed (exit $rc)"
+      failed=1
+    fi
+  done
+  return $failed
+}
+
+sanitized_tests() {  # sanitized_tests reference_tests|gradscope_tests|sharding_repeated
+  local start=$SECONDS
+  case $1 in
+    # Ranks as threads again and again: a race among them (torch's flight recorder, fixed in
+    # run_thread_ranks) crashed a single pass in CI once and repeated runs within seconds here.
+    sharding_repeated)
+      "$BUILD_DIR/tests/gradscope_tests" --gtest_filter='*ShardedParametersTest.ShardsRelease*' \
+        --gtest_repeat=200 --gtest_brief=1 || return ;;
+    *) "$BUILD_DIR/tests/$1" --gtest_brief=1 || return ;;
+  esac
+  echo "sanitize-and-fuzz: $1 $((SECONDS - start)) s"
+}
 start=$SECONDS
-"$BUILD_DIR/tests/reference_tests" --gtest_brief=1
-"$BUILD_DIR/tests/gradscope_tests" --gtest_brief=1
-# Ranks as threads again and again: a race among them (torch's flight recorder, fixed in
-# run_thread_ranks) crashed a single pass in CI once and repeated runs within seconds here.
-"$BUILD_DIR/tests/gradscope_tests" --gtest_filter='*ShardedParametersTest.ShardsRelease*' --gtest_repeat=200 --gtest_brief=1
+side_by_side sanitized_tests reference_tests gradscope_tests sharding_repeated
 echo "sanitize-and-fuzz: tests under ASan+UBSan $((SECONDS - start)) s"
 
 findings="$BUILD_DIR/fuzz-findings"
@@ -40,27 +80,31 @@ if ! "${fixed_addresses[@]}" true 2>/dev/null; then
   echo "sanitize-and-fuzz: setarch -R is not permitted here: the fuzz runs may differ run to run"
   fixed_addresses=()
 fi
-for target in case_file dump_reader safetensors_header against_report checkpoint_config \
-              safetensors_index suite_walk; do
-  fuzzer="$BUILD_DIR/tests/${target}_fuzzer"
-  corpus="tests/fuzz/corpus/$target"
-  log="$BUILD_DIR/${target}_fuzzer.log"
-  start=$SECONDS
+fuzz() {  # fuzz TARGET: the committed corpus, then the fixed runs
+  local target=$1
+  local fuzzer="$BUILD_DIR/tests/${target}_fuzzer" corpus="tests/fuzz/corpus/$target"
+  local log="$BUILD_DIR/${target}_fuzzer.log" start=$SECONDS
   # 1. Every committed input, whole, once: the regressions stay fixed.
   "${fixed_addresses[@]}" "$fuzzer" -timeout=5 -rss_limit_mb=4096 "$corpus"/* >"$log.replay" 2>&1 ||
-    { tail -n 60 "$log.replay"; echo "sanitize-and-fuzz: ${target}_fuzzer fails on its committed corpus"; exit 1; }
+    { tail -n 60 "$log.replay"; echo "sanitize-and-fuzz: ${target}_fuzzer fails on its committed corpus"; return 1; }
   # 2. A fixed seed and run count from the committed corpus. New inputs go to a scratch folder
   # made empty first (libFuzzer writes into the first folder), never into the committed one.
   # -reload=0: the corpus is not re-read from disk on a timer. -max_len bounds the mutated inputs
   # (the largest seed would otherwise set it: the 3000-level dump is 400 KB).
-  scratch="$BUILD_DIR/fuzz-scratch/$target"
+  local scratch="$BUILD_DIR/fuzz-scratch/$target"
   rm -rf "$scratch" && mkdir -p "$scratch"
-  runs=$((FUZZ_RUNS[$target] * SCALE))
+  local runs=$((FUZZ_RUNS[$target] * SCALE))
   "${fixed_addresses[@]}" "$fuzzer" -seed=1 -runs="$runs" -timeout=5 -rss_limit_mb=4096 -max_len=65536 -reload=0 \
     -artifact_prefix="$findings/$target-" -print_final_stats=1 "$scratch" "$corpus" >"$log" 2>&1 ||
-    { tail -n 60 "$log"; echo "sanitize-and-fuzz: ${target}_fuzzer found a failing input (in $findings)"; exit 1; }
+    { tail -n 60 "$log"; echo "sanitize-and-fuzz: ${target}_fuzzer found a failing input (in $findings)"; return 1; }
   # The coverage reached and the corpus grown (docs/performance.md compares runs).
+  local reached units
   reached=$(grep -a -m1 -E '^#[0-9]+[[:space:]]+DONE' "$log" | grep -o 'cov: [0-9]* ft: [0-9]* corp: [0-9/a-zA-Z]*' || true)
   units=$(grep -a -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   echo "sanitize-and-fuzz: ${target}_fuzzer $((SECONDS - start)) s, corpus replayed, seed 1, ${units:-?} units, ${reached:-?}"
-done
+}
+targets=(case_file dump_reader safetensors_header against_report checkpoint_config
+         safetensors_index suite_walk)
+start=$SECONDS
+side_by_side fuzz "${targets[@]}"
+echo "sanitize-and-fuzz: fuzzers $((SECONDS - start)) s"
