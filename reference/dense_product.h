@@ -77,7 +77,9 @@ class Fp32Device {
  public:
   virtual ~Fp32Device() = default;
   virtual std::string name() const = 0;
-  // Whether gemm_nonnegative offers it a product of these shapes (else the host computes it).
+  // Whether gemm_nonnegative offers it a product of these shapes (else the host computes it): a
+  // function of the shapes alone, so that a case's products go to the device or stay on the
+  // host the same way in every run.
   virtual bool takes(int64_t m, int64_t n, int64_t k) const { return worth_a_device(m, n, k); }
   // c [m, n], row-major = op(A) op(B), each element a sum of fp32 products accumulated in fp32.
   // False: the device declines (its products would round the operands, as TF32 does) and the

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-sanitize}
 JOBS=${JOBS:-$(nproc)}
 SCALE=${FUZZ_RUNS_SCALE:-1}
+[[ $SCALE =~ ^[0-9]+$ ]] || { echo "sanitize-and-fuzz: FUZZ_RUNS_SCALE must be a whole number, not '$SCALE'"; exit 2; }
 # Mutations per target: about ten seconds each on the 2-core CI machine (the targets differ in
 # speed by thirty times; docs/performance.md has the measured rates).
 declare -A FUZZ_RUNS=([case_file]=60000 [dump_reader]=3000 [safetensors_header]=40000
@@ -23,16 +24,19 @@ bash scripts/build-sanitize.sh
 source scripts/sanitizer-env.sh
 export GRADSCOPE="$PWD/$BUILD_DIR/gradscope"
 
-# side_by_side FUNCTION ARG...: runs FUNCTION ARG for each ARG, JOBS at a time (each is
-# single-threaded at heart, so side by side they use the cores one alone leaves idle), each into
-# $BUILD_DIR/FUNCTION-ARG.log; then prints, in order, each one's last line, or the tail of a
-# failing one's log. Fails when any failed. FUNCTION runs where errexit is off (the left of
-# ||): it returns its failures itself.
+# side_by_side FUNCTION ARG...: runs FUNCTION ARG for each ARG, JOBS at a time (the test
+# binaries and the fuzz targets leave a core idle much of the time, so side by side they finish
+# sooner on the same work), each into $BUILD_DIR/FUNCTION-ARG.log; prints a line as each starts,
+# then, in order, each one's summary lines, or the whole log of a failing one. Fails when any
+# failed or died without a status. FUNCTION runs where errexit is off (the left of ||): it
+# returns its failures itself.
 side_by_side() {
   local function=$1 arg failed=0
   shift
   for arg in "$@"; do
     while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+    rm -f "$BUILD_DIR/$function-$arg.rc"
+    echo "sanitize-and-fuzz: $function $arg started"
     (
       rc=0
       "$function" "$arg" >"$BUILD_DIR/$function-$arg.log" 2>&1 || rc=$?
@@ -42,12 +46,12 @@ side_by_side() {
   wait
   for arg in "$@"; do
     local log="$BUILD_DIR/$function-$arg.log" rc
-    rc=$(cat "$BUILD_DIR/$function-$arg.rc")
+    rc=$(cat "$BUILD_DIR/$function-$arg.rc" 2>/dev/null) || rc="none (it died)"
     if [[ $rc == 0 ]]; then
-      tail -n 1 "$log"
+      grep -a -E '^(sanitize-and-fuzz:|\[  (PASSED|SKIPPED)  \])' "$log" || true
     else
-      tail -n 60 "$log"
-      echo "sanitize-and-fuzz: $function $arg failed (exit $rc)"
+      cat "$log"
+      echo "sanitize-and-fuzz: $function $arg failed, exit status $rc"
       failed=1
     fi
   done
@@ -92,8 +96,8 @@ fuzz() {  # fuzz TARGET: the committed corpus, then the fixed runs
   # -reload=0: the corpus is not re-read from disk on a timer. -max_len bounds the mutated inputs
   # (the largest seed would otherwise set it: the 3000-level dump is 400 KB).
   local scratch="$BUILD_DIR/fuzz-scratch/$target"
-  rm -rf "$scratch" && mkdir -p "$scratch"
-  local runs=$((FUZZ_RUNS[$target] * SCALE))
+  rm -rf "$scratch" && mkdir -p "$scratch" || return
+  local runs=$((${FUZZ_RUNS[$target]:?no run count for $target} * SCALE))
   "${fixed_addresses[@]}" "$fuzzer" -seed=1 -runs="$runs" -timeout=5 -rss_limit_mb=4096 -max_len=65536 -reload=0 \
     -artifact_prefix="$findings/$target-" -print_final_stats=1 "$scratch" "$corpus" >"$log" 2>&1 ||
     { tail -n 60 "$log"; echo "sanitize-and-fuzz: ${target}_fuzzer found a failing input (in $findings)"; return 1; }

@@ -432,7 +432,8 @@ TEST(DenseProduct, NonnegativeTallTilesKeepTheBoundAndTheBits) {
 // BLAS (not instrumented, so the sanitizer build runs these tests at the BLAS's speed),
 // single-threaded as gemm_nonnegative sets it; `breaks` spoils it after computing it. With
 // `any_shape` it takes products of every shape, so the device's path runs at small shapes: the
-// fp64 products the tests compare with are instrumented in the sanitizer build.
+// operands' conversion, the check's passes and the element-wise comparisons are instrumented in
+// the sanitizer build and cost there in proportion to the matrices' sizes.
 class BlasFp32Device : public Fp32Device {
  public:
   std::string name() const override { return "blas-fp32"; }
@@ -471,10 +472,11 @@ class BlasFp32Device : public Fp32Device {
 };
 
 // The smallest cube worth a device (its operands' transfers against its multiply-adds), and the
-// shape of the device's products below: m, n and k distinct, none a multiple of a tile, k as a
-// real layer's (the bound (k + 3) 2^-24 is 1.2e-4).
+// shape of the device's products below: m, n and k distinct, none a multiple of a tile, two or
+// more of the check's tiles (512 x 256) across B and of the host's product tiles down C, k as
+// a real layer's (the bound (k + 3) 2^-24 is 1.2e-4).
 constexpr int64_t kDeviceCube = 1536;
-constexpr Shape kDeviceShape{97, 131, 2000};
+constexpr Shape kDeviceShape{197, 263, 2000};
 
 TEST(DenseProduct, OnlyProductsWorthTheirTransfersGoToADevice) {
   EXPECT_TRUE(worth_a_device(kDeviceCube, kDeviceCube, kDeviceCube));
@@ -485,6 +487,8 @@ TEST(DenseProduct, OnlyProductsWorthTheirTransfersGoToADevice) {
   EXPECT_FALSE(worth_a_device(16, 28672, 8192));   // an adapter's product: thin
   BlasFp32Device device;
   device.any_shape = false;
+  EXPECT_TRUE(device.takes(kDeviceCube, kDeviceCube, kDeviceCube));
+  EXPECT_FALSE(device.takes(kDeviceShape.m, kDeviceShape.n, kDeviceShape.k));
   const Fp32ProductsOn on(&device);
   const int64_t s = kDeviceCube - 1;
   const Matrix a = random_matrix(s, s, 20).cwiseAbs2(), b = random_matrix(s, s, 21).cwiseAbs2();
@@ -652,7 +656,8 @@ TEST(DenseProduct, AWrongDeviceProductIsRefused) {
       gemm_nonnegative(1.0, a, Op::kPlain, b, Op::kPlain, c);
       ADD_FAILURE() << what << ": not refused";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("on blas-fp32 (m 97, n 131, k 2000)"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("on blas-fp32 (m 197, n 263, k 2000)"),
+                std::string::npos)
           << what << ": " << e.what();
     }
   }
