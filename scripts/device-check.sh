@@ -10,7 +10,8 @@
 # baselines; "training": the training and training-gpu suites with --device cuda, and the
 # multi-step faults on the small training cases; "fsdp": the fsdp suite over NCCL, the
 # Python FSDP2 test on 2 GPUs and the shard-by-shard loading memory bench; "determinism": the
-# smoke suite twice on CUDA, compared; "perf": the 70B decoder layer, phase by phase, with the
+# smoke suite twice on CUDA, compared; "determinism_layer": the
+# 70B decoder layer twice on CUDA, compared; "perf": the 70B decoder layer, phase by phase, with the
 # process's peak host memory; "seeds": the gpu suite's case files once per seed in SEEDS
 # (default 5-10), one queue per GPU, within SEEDS_SECONDS; SEED_FILES picks the files,
 # default those without 70B shapes; "profile": Nsight Compute on the 4-bit 8192 x 28672
@@ -110,6 +111,24 @@ import json, sys
 def checks(p):
     return [c['checks'] for c in json.load(open(p))['cases']]
 sys.exit(0 if checks('$OUT/det_1.json') == checks('$OUT/det_2.json') else 1)"
+fi
+if has_step determinism_layer; then
+  # The 70B decoder layer twice on CUDA: identical checks (values, limits, floors) in the JSON.
+  # The smoke suite's shapes do not reach the attention backends SDPA picks at real sizes.
+  for i in 1 2; do
+    run "determinism_layer_$i" "$BUILD_DIR/gradscope" run --suite perf --device cuda --quiet \
+      --json "$OUT/det_layer_$i.json"
+  done
+  run determinism_layer_json python3 -c "
+import json, sys
+def checks(p):
+    return [c['checks'] for c in json.load(open(p))['cases']]
+a, b = checks('$OUT/det_layer_1.json'), checks('$OUT/det_layer_2.json')
+differ = [x for x, y in zip(sum(a, []), sum(b, [])) if x != y]
+for x in differ[:3]:
+    print(x)
+print(len(differ), 'of', sum(map(len, a)), 'checks differ')
+sys.exit(0 if a == b else 1)"
 fi
 if has_step perf; then
   run perf python3 scripts/peak-rss.py "$BUILD_DIR/gradscope" run --suite perf --device cuda --json "$OUT/perf.json"

@@ -57,9 +57,9 @@ void use_gpu_of_local_rank(int local_rank) {
 #endif
 }
 
-void make_cuda_deterministic() {
+void make_cuda_deterministic(bool strict) {
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/!strict);
 }
 
 }  // namespace gradscope
