@@ -195,6 +195,39 @@ TEST(CompareRatio, AnOverflowTheCarefulModelSharesIsOutOfRange) {
       << c.failure;
 }
 
+// Where the exact value is in range by less than the floor, a careful implementation may round
+// past the largest finite value: an overflow there is the case's range, not a verdict, but only
+// when every element prod lost is such an element.
+TEST(CompareRatio, AnOverflowWithinTheFloorOfTheLargestValueIsOutOfRange) {
+  const auto ref = at::tensor({1.0, 65487.9, 65400.0}, at::kDouble);
+  const auto lost = at::tensor({1.0, INFINITY, 65400.0}, at::kDouble);
+  auto in = ratio_inputs("p/lora_A.grad", lost, lost, ref, 1e-3);
+  in.format = "fp16";
+  in.format_max = 65504;
+  in.sigma = at::tensor({1e-3, 3.0, 1e-3}, at::kDouble);  // floor 18 at the lost element
+  const auto near = compare_ratio(in);
+  EXPECT_FALSE(near.passed);
+  EXPECT_TRUE(near.out_of_range);
+  EXPECT_NE(near.failure.find("the exact value is within a careful implementation's rounding "
+                              "of fp16's largest finite value 65504 (first at |ref| 65487.9 + "
+                              "floor 18)"),
+            std::string::npos)
+      << near.failure;
+  in.sigma = at::tensor({1e-3, 2.0, 1e-3}, at::kDouble);  // floor 12: 65499.9, short of it
+  const auto short_of_it = compare_ratio(in);
+  EXPECT_FALSE(short_of_it.out_of_range);
+  EXPECT_NE(short_of_it.failure.find("the exact result is finite and within fp16 range"),
+            std::string::npos)
+      << short_of_it.failure;
+  // One element lost far from the largest value is a verdict, whatever the others.
+  in.sigma = at::tensor({1e-3, 3.0, 1e-3}, at::kDouble);
+  in.prod = at::tensor({INFINITY, INFINITY, 65400.0}, at::kDouble);
+  in.base = in.prod;
+  const auto one_far = compare_ratio(in);
+  EXPECT_FALSE(one_far.passed);
+  EXPECT_FALSE(one_far.out_of_range);
+}
+
 TEST(CompareRatio, AReferenceBeyondTheFormatIsOutOfRange) {
   const auto ref = at::tensor({1.0, -70000.0}, at::kDouble);
   auto in = ratio_inputs("p/output", at::full({2}, INFINITY), ref, ref, 1e-3);

@@ -373,7 +373,11 @@ struct RatioJudgement {
   std::vector<int64_t> prod_shape, base_shape, ref_shape;  // kShape
   double ref_max = 0;                                      // max |ref|
   int64_t prod_non_finite = 0, base_non_finite = 0;
-  int64_t over = 0;  // elements over their own limit (max rule)
+  // kProdNonFinite: every non-finite element of prod lies where the exact value is within the
+  // floor of the format's largest finite value, so a careful implementation may overflow too.
+  bool near_overflow = false;
+  double first_non_finite_floor = 0;  // kProdNonFinite: the floor at its first element
+  int64_t over = 0;                   // elements over their own limit (max rule)
   double rtol = 0, atol = 0;
 };
 
@@ -448,8 +452,18 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     check.max_abs = std::numeric_limits<double>::infinity();
     check.mean_abs = std::numeric_limits<double>::infinity();
     check.error_to_limit = std::numeric_limits<double>::infinity();
-    // A careful implementation overflowing too makes it the case's range, not prod's fault.
-    check.out_of_range = !in.model_overflow.empty();
+    // A careful implementation overflowing too makes it the case's range, not prod's fault:
+    // where the careful model's intermediates overflow, or where each element prod lost is
+    // within a careful implementation's rounding (the floor) of the largest finite value.
+    j.first_non_finite_floor = safe_floor_of(elements.sigma[scan.prod_first_non_finite]);
+    j.near_overflow = true;
+    for (int64_t i = 0; i < check.numel && j.near_overflow; ++i) {
+      if (!std::isfinite(elements.prod[i])) {
+        j.near_overflow =
+            std::abs(elements.ref[i]) + safe_floor_of(elements.sigma[i]) >= in.format_max;
+      }
+    }
+    check.out_of_range = !in.model_overflow.empty() || j.near_overflow;
     j.outcome = RatioOutcome::kProdNonFinite;
     return j;
   }
@@ -545,6 +559,14 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
         const std::string& f = in.model_format.empty() ? in.format : in.model_format;
         msg << "; a careful implementation overflows too (" << in.model_overflow
             << "): the case is out of range for " << f << ", not a verdict on prod";
+      } else if (j.near_overflow) {
+        msg << "; where prod is not finite, the exact value is within a careful "
+               "implementation's rounding of "
+            << in.format << "'s largest finite value " << format_exact(in.format_max)
+            << " (first at |ref| " << format_exact(std::abs(w.ref)) << " + floor "
+            << format_exact(j.first_non_finite_floor)
+            << "), so it may overflow too: the case is out of range for " << in.format
+            << ", not a verdict on prod";
       } else {
         msg << "; the exact result is finite and within " << in.format << " range (max |ref| "
             << format_exact(j.ref_max) << ")"
