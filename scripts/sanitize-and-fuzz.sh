@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-sanitize}
 JOBS=${JOBS:-$(nproc)}
 SCALE=${FUZZ_RUNS_SCALE:-1}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "sanitize-and-fuzz: JOBS must be a whole number of at least 1, not '$JOBS'"; exit 2; }
 [[ $SCALE =~ ^[0-9]+$ ]] || { echo "sanitize-and-fuzz: FUZZ_RUNS_SCALE must be a whole number, not '$SCALE'"; exit 2; }
 # Mutations per target: about ten seconds each on the 2-core CI machine (the targets differ in
 # speed by thirty times; docs/performance.md has the measured rates).
