@@ -195,42 +195,59 @@ TEST(CompareRatio, AnOverflowTheCarefulModelSharesIsOutOfRange) {
       << c.failure;
 }
 
-// Where the exact value is in range by less than the floor, a careful implementation may round
-// past the largest finite value: an overflow there is the case's range, not a verdict, but only
-// when every element prod lost is such an element.
-TEST(CompareRatio, AnOverflowWithinTheFloorOfTheLargestValueIsOutOfRange) {
-  const auto ref = at::tensor({1.0, 65487.9, 65400.0}, at::kDouble);
-  const auto lost = at::tensor({1.0, INFINITY, 65400.0}, at::kDouble);
-  auto in = ratio_inputs("p/lora_A.grad", lost, lost, ref, 1e-3);
+// Where the exact value lies within the floor of the overflow boundary (65520 in fp16), a
+// careful implementation may round past it: prod's infinity of that sign there is left out,
+// and the other elements decide. Within their limits, the case's range (not a verdict);
+// over, a failure.
+TEST(CompareRatio, AnOverflowWithinTheFloorOfTheBoundaryIsLeftOut) {
+  const auto ref = at::tensor({1.0, 65487.9, 65376.0}, at::kDouble);
+  const auto half = [](std::vector<double> v) { return at::tensor(v, at::kDouble).to(at::kHalf); };
+  auto in = ratio_inputs("p/lora_A.grad", half({1, INFINITY, 65376}), half({1, INFINITY, 65376}),
+                         ref, 1e-3);
   in.format = "fp16";
   in.format_max = 65504;
-  in.sigma = at::tensor({1e-3, 3.0, 1e-3}, at::kDouble);  // floor 18 at the lost element
+  in.sigma = at::tensor({1e-3, 6.0, 1e-3}, at::kDouble);  // floor 36: 65523.9 reaches 65520
   const auto near = compare_ratio(in);
   EXPECT_FALSE(near.passed);
   EXPECT_TRUE(near.out_of_range);
-  EXPECT_NE(near.failure.find("the exact value is within a careful implementation's rounding "
-                              "of fp16's largest finite value 65504 (first at |ref| 65487.9 + "
-                              "floor 18)"),
+  EXPECT_EQ(near.worst->index, (std::vector<int64_t>{1}));
+  EXPECT_NE(near.failure.find("p/lora_A.grad: prod has 1 infinite element of 3, each where the "
+                              "exact value lies within a careful implementation's rounding of "
+                              "fp16's overflow boundary 65520: first at index (1): prod inf, "
+                              "base inf, ref 65487.9, floor 36"),
             std::string::npos)
       << near.failure;
-  in.sigma = at::tensor({1e-3, 2.0, 1e-3}, at::kDouble);  // floor 12: 65499.9, short of it
-  const auto short_of_it = compare_ratio(in);
-  EXPECT_FALSE(short_of_it.out_of_range);
-  EXPECT_NE(short_of_it.failure.find("the exact result is finite and within fp16 range"),
+  // Another element over its limit: a verdict, with the element left out noted.
+  in.prod = half({2, INFINITY, 65376});
+  const auto over = compare_ratio(in);
+  EXPECT_FALSE(over.passed);
+  EXPECT_FALSE(over.out_of_range);
+  EXPECT_EQ(over.worst->index, (std::vector<int64_t>{0}));
+  EXPECT_NE(over.note.find("1 element where prod overflowed within the floor of fp16's overflow "
+                           "boundary left out"),
             std::string::npos)
-      << short_of_it.failure;
-  // One element lost far from the largest value is a verdict, whatever the others.
-  in.sigma = at::tensor({1e-3, 3.0, 1e-3}, at::kDouble);
-  in.prod = at::tensor({INFINITY, INFINITY, 65400.0}, at::kDouble);
-  in.base = in.prod;
-  const auto one_far = compare_ratio(in);
-  EXPECT_FALSE(one_far.passed);
-  EXPECT_FALSE(one_far.out_of_range);
+      << over.note;
+  // Floor 30: 65517.9, short of the boundary; an infinity of the other sign; a NaN; one
+  // element lost far from the boundary: each a verdict.
+  const auto fails = [&](const at::Tensor& prod, const at::Tensor& sigma) {
+    auto c = in;
+    c.prod = prod;
+    c.sigma = sigma;
+    const auto check = compare_ratio(c);
+    return !check.passed && !check.out_of_range &&
+           check.failure.find("the exact result is finite and within fp16 range") !=
+               std::string::npos;
+  };
+  const auto near_sigma = at::tensor({1e-3, 6.0, 1e-3}, at::kDouble);
+  EXPECT_TRUE(fails(half({1, INFINITY, 65376}), at::tensor({1e-3, 5.0, 1e-3}, at::kDouble)));
+  EXPECT_TRUE(fails(half({1, -INFINITY, 65376}), near_sigma));
+  EXPECT_TRUE(fails(half({1, NAN, 65376}), near_sigma));
+  EXPECT_TRUE(fails(half({INFINITY, INFINITY, 65376}), near_sigma));
 }
 
 TEST(CompareRatio, AReferenceBeyondTheFormatIsOutOfRange) {
   const auto ref = at::tensor({1.0, -70000.0}, at::kDouble);
-  auto in = ratio_inputs("p/output", at::full({2}, INFINITY), ref, ref, 1e-3);
+  auto in = ratio_inputs("p/output", at::full({2}, INFINITY, at::kHalf), ref, ref, 1e-3);
   in.format = "fp16";
   in.format_max = 65504;
   const auto c = compare_ratio(in);
@@ -240,12 +257,17 @@ TEST(CompareRatio, AReferenceBeyondTheFormatIsOutOfRange) {
                            "70000 at index (1), beyond fp16's largest finite value 65504"),
             std::string::npos)
       << c.failure;
-  // Just inside the format (rounds to 65504) is in range.
-  in.ref = at::tensor({1.0, -65510.0}, at::kDouble);
-  in.prod = at::tensor({1.0, -65504.0}, at::kDouble);
+  // Below the overflow boundary 65520 (max + half an ulp) an exact value rounds to 65504: in
+  // range, and judged; at it, it rounds to infinity.
+  in.prod = at::tensor({1.0, -65504.0}, at::kDouble).to(at::kHalf);
   in.base = in.prod;
   in.sigma = at::full({2}, 10.0, at::kDouble);
-  EXPECT_FALSE(compare_ratio(in).out_of_range);
+  in.ref = at::tensor({1.0, -65519.9}, at::kDouble);
+  const auto inside = compare_ratio(in);
+  EXPECT_FALSE(inside.out_of_range);
+  EXPECT_TRUE(inside.passed) << inside.failure;
+  in.ref = at::tensor({1.0, -65520.0}, at::kDouble);
+  EXPECT_TRUE(compare_ratio(in).out_of_range);
 }
 
 TEST(CompareRatio, AnOverflowingBaselineLeavesProdToTheFloorAlone) {

@@ -57,9 +57,15 @@ void use_gpu_of_local_rank(int local_rank) {
 #endif
 }
 
-void make_cuda_deterministic(bool strict) {
+CudaDeterminism::CudaDeterminism(bool strict)
+    : was_on_(at::globalContext().deterministicAlgorithms()),
+      was_warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/!strict);
+}
+
+CudaDeterminism::~CudaDeterminism() {
+  at::globalContext().setDeterministicAlgorithms(was_on_, was_warn_only_);
 }
 
 }  // namespace gradscope

@@ -116,8 +116,6 @@ bool prepare_run(const std::vector<SelectedCase>& selected, const ReportOptions&
                           ? "no CUDA GPU is visible to torch"
                           : "this build has no CUDA kernels (GRADSCOPE_WITH_CUDA=OFF)"));
   }
-  // Repeatable CUDA runs: the same case twice gives the same JSON checks and dumps.
-  if (any_cuda) make_cuda_deterministic(/*strict=*/o.impl.is_default());
   // Spread over processes, each runs its cases on its own GPU.
   if (any_cuda && ranks) use_gpu_of_local_rank(ranks->local_rank());
   // The implementation under test: its libraries loaded, every operator the selected kinds
@@ -188,6 +186,9 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   const bool reports_here = !ranks || ranks->rank() == 0;
   const FaultInfo* fault = o.inject.empty() ? nullptr : find_fault(o.inject);
   const bool any_cuda = prepare_run(selected, o, ranks);
+  // Repeatable CUDA runs: the same case twice gives the same JSON checks and dumps.
+  std::optional<CudaDeterminism> determinism;
+  if (any_cuda) determinism.emplace(/*strict=*/o.impl.is_builtin());
   report::RunReport report;
   report.version = GRADSCOPE_VERSION;
   report.environment = probe_environment(any_cuda ? "cuda" : "cpu");

@@ -27,6 +27,8 @@ struct ImplChoice {
   // gradscope), named in the replay line and in a missing operator's message.
   std::vector<std::string> imports;
   bool is_default() const { return ns == "gradscope"; }
+  // gradscope's own kernels and nothing loaded or imported beside them.
+  bool is_builtin() const { return is_default() && libraries.empty() && imports.empty(); }
 };
 
 // Loads each library (dlopen, global symbols, as torch.ops.load_library does); throws

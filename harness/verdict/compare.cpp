@@ -362,6 +362,7 @@ enum class RatioOutcome {
   kOutOfRange,     // the exact value is beyond the output format: the case's fault
   kAllZero,        // the exact value is zero in prod's format: the case's fault
   kProdNonFinite,  // prod has NaN or Inf
+  kNearOverflow,   // prod overflowed only within the floor of the largest value: the case's
   kDegenerate,     // prod is all zero where the exact value is not
   kOverLimit,      // the rule's limit is exceeded
 };
@@ -373,13 +374,21 @@ struct RatioJudgement {
   std::vector<int64_t> prod_shape, base_shape, ref_shape;  // kShape
   double ref_max = 0;                                      // max |ref|
   int64_t prod_non_finite = 0, base_non_finite = 0;
-  // kProdNonFinite: every non-finite element of prod lies where the exact value is within the
-  // floor of the format's largest finite value, so a careful implementation may overflow too.
-  bool near_overflow = false;
-  double first_non_finite_floor = 0;  // kProdNonFinite: the floor at its first element
-  int64_t over = 0;                   // elements over their own limit (max rule)
+  // Elements where prod overflowed to the exact value's sign within the floor of the format's
+  // overflow boundary: left out of the verdict, and their first (kNearOverflow's message).
+  int64_t left_out = 0;
+  report::WorstElement first_left_out;
+  double first_left_out_floor = 0;
+  int64_t over = 0;  // elements over their own limit (max rule)
   double rtol = 0, atol = 0;
 };
+
+// The output format's overflow boundary: a value of at least this magnitude rounds to
+// infinity, one below it to a finite value (max + half an ulp of max, where rounding to even
+// gives infinity: max's significand is all ones).
+double boundary_of(const RatioInputs& in) {
+  return in.format_max + 0.5 * ulp(in.format_max, in.expected.dtype);
+}
 
 // The verdict and its figures, no text but the check's note.
 RatioJudgement judge_ratio(const RatioInputs& in) {
@@ -395,8 +404,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     j.outcome = RatioOutcome::kAttributes;
     return j;
   }
-  const auto prod = in.prod.detach().cpu().to(at::kDouble).contiguous();
-  const auto base = in.base.detach().cpu().to(at::kDouble).contiguous();
+  auto prod = in.prod.detach().cpu().to(at::kDouble).contiguous();
+  auto base = in.base.detach().cpu().to(at::kDouble).contiguous();
   const auto ref = in.ref.detach().cpu().to(at::kDouble).contiguous();
   const auto sigma = in.sigma.detach().cpu().to(at::kDouble).contiguous();
   check.numel = prod.numel();
@@ -415,19 +424,18 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   }
   std::tie(j.rtol, j.atol) = report::assert_close_tolerances(
       bridge::dtype_name(in.prod.scalar_type()), bridge::dtype_name(in.expected.dtype));
-  const ScanInputs elements{prod.data_ptr<double>(),
-                            base.data_ptr<double>(),
-                            ref.data_ptr<double>(),
-                            sigma.data_ptr<double>(),
-                            check.numel,
-                            j.rtol,
-                            j.atol};
-  const ElementScan scan = scan_elements(elements);
-  // The exact result must be representable in the output format (a value rounds to a
-  // finite one below max + half an ulp of max; 2^-p max approximates that half ulp from
-  // below, erring towards calling a value representable).
+  ScanInputs elements{prod.data_ptr<double>(),
+                      base.data_ptr<double>(),
+                      ref.data_ptr<double>(),
+                      sigma.data_ptr<double>(),
+                      check.numel,
+                      j.rtol,
+                      j.atol};
+  ElementScan scan = scan_elements(elements);
+  // The exact result must be representable in the output format.
+  const double boundary = boundary_of(in);
   j.ref_max = check.numel ? scan.ref_max : 0.0;
-  if (!std::isfinite(j.ref_max) || j.ref_max > in.format_max * (1.0 + 0x1.0p-11)) {
+  if (!std::isfinite(j.ref_max) || j.ref_max >= boundary) {
     check.out_of_range = true;
     check.worst = element_at(scan.ref_argmax, prod, base, ref);
     j.outcome = RatioOutcome::kOutOfRange;
@@ -444,6 +452,36 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     j.outcome = RatioOutcome::kAllZero;
     return j;
   }
+  // Where the exact value lies within a careful implementation's rounding (the floor) of the
+  // overflow boundary, such an implementation may overflow too: an infinity of the exact
+  // value's sign there is left out of the verdict, which the other elements then decide
+  // (docs/verification.md, "Verdict states").
+  const auto may_overflow = [&](int64_t i) {
+    const double p = elements.prod[i], r = elements.ref[i];
+    return std::isinf(p) && std::signbit(p) == std::signbit(r) &&
+           std::abs(r) + safe_floor_of(elements.sigma[i]) >= boundary;
+  };
+  if (scan.prod_non_finite > 0 && in.model_overflow.empty()) {
+    bool all = true;
+    for (int64_t i = 0; i < check.numel && all; ++i) {
+      if (!std::isfinite(elements.prod[i])) all = may_overflow(i);
+    }
+    if (all) {
+      j.left_out = scan.prod_non_finite;
+      j.first_left_out = element_at(scan.prod_first_non_finite, prod, base, ref);
+      j.first_left_out_floor = elements.sigma[scan.prod_first_non_finite] * kFloorSigmas;
+      prod = prod.clone();
+      base = base.clone();
+      double* const pp = prod.data_ptr<double>();
+      double* const bp = base.data_ptr<double>();
+      for (int64_t i = 0; i < check.numel; ++i) {
+        if (!std::isfinite(pp[i])) pp[i] = bp[i] = elements.ref[i];
+      }
+      elements.prod = pp;
+      elements.base = bp;
+      scan = scan_elements(elements);
+    }
+  }
   j.prod_non_finite = scan.prod_non_finite;
   j.base_non_finite = scan.base_non_finite;
   if (j.prod_non_finite > 0) {
@@ -452,18 +490,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     check.max_abs = std::numeric_limits<double>::infinity();
     check.mean_abs = std::numeric_limits<double>::infinity();
     check.error_to_limit = std::numeric_limits<double>::infinity();
-    // A careful implementation overflowing too makes it the case's range, not prod's fault:
-    // where the careful model's intermediates overflow, or where each element prod lost is
-    // within a careful implementation's rounding (the floor) of the largest finite value.
-    j.first_non_finite_floor = safe_floor_of(elements.sigma[scan.prod_first_non_finite]);
-    j.near_overflow = true;
-    for (int64_t i = 0; i < check.numel && j.near_overflow; ++i) {
-      if (!std::isfinite(elements.prod[i])) {
-        j.near_overflow =
-            std::abs(elements.ref[i]) + safe_floor_of(elements.sigma[i]) >= in.format_max;
-      }
-    }
-    check.out_of_range = !in.model_overflow.empty() || j.near_overflow;
+    // A careful implementation overflowing too makes it the case's range, not prod's fault.
+    check.out_of_range = !in.model_overflow.empty();
     j.outcome = RatioOutcome::kProdNonFinite;
     return j;
   }
@@ -515,6 +543,23 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   j.outcome = check.passed ? RatioOutcome::kPassed
               : degenerate ? RatioOutcome::kDegenerate
                            : RatioOutcome::kOverLimit;
+  if (j.left_out > 0) {
+    const std::string left =
+        std::to_string(j.left_out) + " element" + (j.left_out == 1 ? "" : "s") +
+        " where prod overflowed within the floor of " + in.format + "'s overflow boundary left out";
+    check.note = check.note.empty() ? left : check.note + "; " + left;
+    if (check.passed) {
+      // The rest within its limits: the case's range decides, not a verdict on prod.
+      check.passed = false;
+      check.out_of_range = true;
+      check.worst = j.first_left_out;
+      check.mismatches += j.left_out;
+      check.max_abs = std::numeric_limits<double>::infinity();
+      check.mean_abs = std::numeric_limits<double>::infinity();
+      check.error_to_limit = std::numeric_limits<double>::infinity();
+      j.outcome = RatioOutcome::kNearOverflow;
+    }
+  }
   return j;
 }
 
@@ -559,19 +604,25 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
         const std::string& f = in.model_format.empty() ? in.format : in.model_format;
         msg << "; a careful implementation overflows too (" << in.model_overflow
             << "): the case is out of range for " << f << ", not a verdict on prod";
-      } else if (j.near_overflow) {
-        msg << "; where prod is not finite, the exact value is within a careful "
-               "implementation's rounding of "
-            << in.format << "'s largest finite value " << format_exact(in.format_max)
-            << " (first at |ref| " << format_exact(std::abs(w.ref)) << " + floor "
-            << format_exact(j.first_non_finite_floor)
-            << "), so it may overflow too: the case is out of range for " << in.format
-            << ", not a verdict on prod";
       } else {
         msg << "; the exact result is finite and within " << in.format << " range (max |ref| "
             << format_exact(j.ref_max) << ")"
             << (j.base_non_finite ? " (base overflows as well)" : "");
       }
+      return msg.str();
+    }
+    case RatioOutcome::kNearOverflow: {
+      const auto& w = j.first_left_out;
+      msg << path << ": prod has " << j.left_out << " infinite element"
+          << (j.left_out == 1 ? "" : "s") << " of " << check.numel
+          << ", each where the exact value lies within a careful implementation's rounding of "
+          << in.format << "'s overflow boundary " << format_exact(boundary_of(in))
+          << ": first at index " << format_index(w.index) << ": prod " << format_exact(w.prod)
+          << ", base " << format_exact(*w.base) << ", ref " << format_exact(w.ref) << ", floor "
+          << format_exact(j.first_left_out_floor)
+          << "; a careful implementation may overflow there too, and every other element is "
+             "within its limit: the case is out of range for "
+          << in.format << ", not a verdict on prod";
       return msg.str();
     }
     case RatioOutcome::kDegenerate:
