@@ -1,3 +1,4 @@
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -125,6 +126,33 @@ TEST(Cli, DeviceCudaRunsOrIsAUsageError) {
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("device 'cuda' requested"), std::string::npos) << r.err;
   }
+}
+
+// A run's deterministic algorithms last for the run: the process gets its own setting back (a
+// Python process that calls gradscope.check goes on with it), nested scopes included.
+TEST(Cli, DeterministicAlgorithmsLastForTheRun) {
+  auto& context = at::globalContext();
+  const bool was = context.deterministicAlgorithms();
+  const bool was_warn_only = context.deterministicAlgorithmsWarnOnly();
+  context.setDeterministicAlgorithms(false, false);
+  {
+    const CudaDeterminism strict(/*strict=*/true);
+    EXPECT_TRUE(context.deterministicAlgorithms());
+    EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
+    {
+      const CudaDeterminism warn_only(/*strict=*/false);
+      EXPECT_TRUE(context.deterministicAlgorithmsWarnOnly());
+    }
+    EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
+  }
+  EXPECT_FALSE(context.deterministicAlgorithms());
+  if (cuda_usable()) {
+    TempDir dir;
+    const auto r = cli({"run", dir.write("c.toml", kSmallCases), "--device", "cuda"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_FALSE(context.deterministicAlgorithms());
+  }
+  context.setDeterministicAlgorithms(was, was_warn_only);
 }
 
 TEST(Cli, SmokeSuiteListsEveryRequiredCombination) {
