@@ -362,7 +362,7 @@ enum class RatioOutcome {
   kOutOfRange,     // the exact value is beyond the output format: the case's fault
   kAllZero,        // the exact value is zero in prod's format: the case's fault
   kProdNonFinite,  // prod has NaN or Inf
-  kNearOverflow,   // prod overflowed only within the floor of the largest value: the case's
+  kNearOverflow,   // prod overflowed only within the floor of the boundary: the case's range
   kDegenerate,     // prod is all zero where the exact value is not
   kOverLimit,      // the rule's limit is exceeded
 };
