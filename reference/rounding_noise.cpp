@@ -631,6 +631,31 @@ AttentionTile attention_tile(const Head& h, int64_t i0, int64_t i1, const Format
   return t;
 }
 
+// Keeps in `worst` the larger of it and a tile's largest unmasked score error (the first in
+// key-major order on ties), from the scores' variances.
+void note_score_error(const Matrix& v_scores, const AttentionTile& a, int64_t batch, int64_t head,
+                      ScoreError& worst) {
+  const int64_t m = a.i1 - a.i0;
+  double largest = worst.sigma * worst.sigma;
+  for (int64_t j = 0; j < a.i1; ++j) {
+    for (int64_t r = std::max<int64_t>(0, j - a.i0); r < m; ++r) {
+      if (v_scores(r, j) > largest) {
+        largest = v_scores(r, j);
+        worst = {std::sqrt(largest), a.scores(r, j), batch, head, a.i0 + r, j};
+      }
+    }
+  }
+}
+
+// Over the (batch, head) blocks, in block order: the first block's on ties.
+ScoreError largest_score_error(const std::vector<ScoreError>& blocks) {
+  ScoreError out;
+  for (const auto& w : blocks) {
+    if (w.sigma > out.sigma) out = w;
+  }
+  return out;
+}
+
 // Kv_ie = sum_j P_ij (K_je - Kbar_ie)^2, the spread of the keys a query row attends to, about
 // their mean Kbar = P K.
 Matrix key_spread(const AttentionTile& t, const Matrix& kbar) {
@@ -649,15 +674,17 @@ Matrix suffix_sums(const Matrix& x) {
 Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,
                                   const AttentionShape& s, const Format& act, const Format& acc,
-                                  double* max_score, int64_t tile_rows) {
+                                  double* max_score, int64_t tile_rows, ScoreError* scores) {
   const int64_t d = s.head_dim, n = s.seq;
   const double ua2 = acc.unit_roundoff * acc.unit_roundoff, sub2 = act.subnormal * act.subnormal;
   Matrix var = Matrix::Zero(q.rows(), q.cols());
   std::vector<double> score_max(s.batch * s.heads, 0.0);
+  std::vector<ScoreError> worst(scores ? s.batch * s.heads : 0);
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
     const int64_t b = bh / s.heads, hd = bh % s.heads;
     const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
     const Matrix v2 = sq(h.v);
+    const Matrix k2 = scores && h.vq.size() > 0 ? sq(h.k) : Matrix();
     const Eigen::RowVectorXd v2_sum = v2.colwise().sum();
     for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
       const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
@@ -668,6 +695,14 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
         const Matrix later =
             product(a.q, Op::kPlain, Matrix(h.k.bottomRows(n - i1)), Op::kTransposed, h.scale);
         score_max[bh] = std::max(score_max[bh], later.cwiseAbs().maxCoeff());
+      }
+      if (scores) {  // Q_i's error reaches the score as in the backward's v_scores
+        Matrix v_scores = a.v_scores;
+        if (a.vq.size() > 0) {
+          v_scores +=
+              product(a.vq, Op::kPlain, Matrix(k2.topRows(i1)), Op::kTransposed, h.scale * h.scale);
+        }
+        note_score_error(v_scores, a, b, hd, worst[bh]);
       }
       const Matrix p2 = a.p.cwiseAbs2(), v2t = v2.topRows(i1);
       // Errors independent per score (i, j): O_i moves by P_ij dS_ij (V_j - O_i).
@@ -698,6 +733,7 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
     }
   });
   if (max_score) *max_score = *std::max_element(score_max.begin(), score_max.end());
+  if (scores) *scores = largest_score_error(worst);
   return var;
 }
 
@@ -719,6 +755,7 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
   out.dq.resize(q.rows(), q.cols());
   std::vector<Matrix> dk_parts(blocks), dv_parts(blocks), var_dk_parts(blocks),
       var_dv_parts(blocks);
+  std::vector<ScoreError> worst(blocks);
   for_each_row(blocks, [&](int64_t bh) {
     const int64_t b = bh / s.heads, hd = bh % s.heads;
     const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
@@ -764,6 +801,7 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
       if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, k2t, Op::kTransposed, s2);
       Matrix sp, var_p;
       softmax_rows_variance(a.scores, v_scores, i0, act, acc, sp, var_p);
+      note_score_error(v_scores, a, b, hd, worst[bh]);
       const Matrix centred = dp.colwise() - c;
       // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
       // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
@@ -827,6 +865,7 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
     dk_parts[bh] = std::move(dk);
     dv_parts[bh] = std::move(dv);
   });
+  out.scores = largest_score_error(worst);
   // The heads of a group add their shares of dK and dV, each partial sum rounded.
   out.dk_value = Matrix::Zero(k.rows(), k.cols());
   out.dv_value = out.dk_value;
@@ -852,7 +891,8 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
 RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, const Matrix& x,
                                                          const Matrix& var_x, const Layer& l,
                                                          const AttentionShape& s,
-                                                         const std::string& name) {
+                                                         const std::string& name,
+                                                         ScoreError* scores) {
   const Format &act = p_.activation, &acc = p_.accumulate;
   const Dropout none;
   LayerForward f;
@@ -868,7 +908,8 @@ RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, con
   store(name + "/rope", t.kr);
 
   double max_score = 0;
-  f.attn = attention_forward_variance(t.qr, t.kr, t.v, f.qr, f.kr, f.v, s, act, acc, &max_score);
+  f.attn = attention_forward_variance(t.qr, t.kr, t.v, f.qr, f.kr, f.v, s, act, acc, &max_score,
+                                      kAttentionTileRows, scores);
   store(name + "/attention_scores", Matrix::Constant(1, 1, max_score));
   store(name + "/attention", t.attn);
   f.fo = lora_forward(t.attn, f.attn, l.o, none, t.h - x, name + "/o_proj");
@@ -923,6 +964,7 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
 
   const auto at = attention_backward_variance(t.qr, t.kr, t.v, grads.o.dx, f.qr, f.kr, f.v, n.o.dx,
                                               s, act, acc);
+  n.scores = at.scores;
   const Matrix &dq_rot = at.dq_value, &dk_rot = at.dk_value, &dv = at.dv_value;
   const Matrix &var_dq_rot = at.dq, &var_dk_rot = at.dk, &var_dv = at.dv;
   store(name + "/attention.grad", dq_rot);
@@ -943,7 +985,8 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
 }
 
 Matrix RoundingNoise::token_losses(const CausalLm& m, const std::vector<int64_t>& tokens,
-                                   const std::vector<int64_t>& targets) {
+                                   const std::vector<int64_t>& targets,
+                                   std::vector<ScoreError>* scores) {
   const Format &act = p_.activation, &acc = p_.accumulate;
   Matrix h(static_cast<int64_t>(tokens.size()), m.embedding.cols());
   for (size_t t = 0; t < tokens.size(); ++t)
@@ -951,7 +994,10 @@ Matrix RoundingNoise::token_losses(const CausalLm& m, const std::vector<int64_t>
   Matrix var_h;  // the embedding rows are exact
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const auto tape = layer_tape(h, m.layers[i], m.shape);
-    var_h = layer_forward(tape, h, var_h, m.layers[i], m.shape, "layer" + std::to_string(i)).out;
+    ScoreError* layer_scores = scores ? &scores->emplace_back() : nullptr;
+    var_h = layer_forward(tape, h, var_h, m.layers[i], m.shape, "layer" + std::to_string(i),
+                          layer_scores)
+                .out;
     h = tape.out;
   }
   const Matrix var_n = rmsnorm_variance(h, var_h, m.final_norm, act, acc);

@@ -67,9 +67,22 @@ struct MlpNoise {
 struct LayerForwardNoise {
   Matrix out;
 };
+// The largest error of an attention score a careful implementation makes (its standard
+// deviation, in the scores' natural-log units), where it is and the score's exact value.
+struct ScoreError {
+  double sigma = 0, score = 0;
+  int64_t batch = 0, head = 0, query = 0, key = 0;
+};
+// Scores reach softmax through exp: the model takes e^dS - 1 as dS, to first order. At this
+// modelled standard deviation (each rounding taken at its bound) the shortfall stays within the
+// floor's margin; past it, it grows fast, the floor no longer bounds a careful implementation's
+// error, and what depends on that attention cannot be judged (docs/verification.md, "What the
+// model approximates").
+constexpr double kScoreSigmaFirstOrder = 1.0;
 struct LayerNoise {
   Matrix out, dx;
   ProjectionGradsNoise q, k, v, o, gate, up, down;
+  ScoreError scores;  // its attention's, against kScoreSigmaFirstOrder
 };
 
 // Building blocks, each the variance of one reference op's result from its inputs'
@@ -108,15 +121,18 @@ void softmax_variance(const Matrix& scores, const Matrix& var_s, const Format& a
 // time against only the keys they can attend (kAttentionTileRows, as the reference's; see
 // docs/verification.md, "The reference's products"): the tile size changes no value beyond
 // rounding; the tests vary it.
-// The forward; `max_score`, when given, receives max |Q K^T / sqrt(d)| (masked scores included).
+// The forward; `max_score`, when given, receives max |Q K^T / sqrt(d)| (masked scores included),
+// and `scores` the largest score error (one more product a tile: the backward finds it anyway).
 Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                   const Matrix& var_q, const Matrix& var_k, const Matrix& var_v,
                                   const AttentionShape& s, const Format& act, const Format& acc,
                                   double* max_score = nullptr,
-                                  int64_t tile_rows = kAttentionTileRows);
+                                  int64_t tile_rows = kAttentionTileRows,
+                                  ScoreError* scores = nullptr);
 struct AttentionGradsNoise {
   Matrix dq, dk, dv;                    // variances
   Matrix dq_value, dk_value, dv_value;  // the gradients themselves
+  ScoreError scores;                    // over every head's unmasked scores
 };
 AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                                 const Matrix& dout, const Matrix& var_q,
@@ -147,8 +163,10 @@ class RoundingNoise {
   LayerNoise layer(const LayerTape& tape, const Matrix& x, const Matrix& dy, const Layer& layer,
                    const AttentionShape& s, const LayerGrads& grads, const std::string& name);
   // A causal LM's per-token losses (a vector as a [tokens, 1] matrix); the forward only.
+  // `scores`, when given, receives each layer's largest score error, in order.
   Matrix token_losses(const CausalLm& model, const std::vector<int64_t>& tokens,
-                      const std::vector<int64_t>& targets);
+                      const std::vector<int64_t>& targets,
+                      std::vector<ScoreError>* scores = nullptr);
 
   const std::vector<StoredValue>& stored() const { return stored_; }
 
@@ -158,7 +176,8 @@ class RoundingNoise {
   // The activation path of a layer, forward, with its tape's variances.
   struct LayerForward;
   LayerForward layer_forward(const LayerTape& tape, const Matrix& x, const Matrix& var_x,
-                             const Layer& layer, const AttentionShape& s, const std::string& name);
+                             const Layer& layer, const AttentionShape& s, const std::string& name,
+                             ScoreError* scores = nullptr);
 
   Precision p_;
   std::vector<StoredValue> stored_;

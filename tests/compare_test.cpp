@@ -284,6 +284,37 @@ TEST(CompareRatio, AnOverflowingBaselineLeavesProdToTheFloorAlone) {
       << bad.failure;
 }
 
+// Where the floor's model does not hold (an attention past its first order), a check within
+// its limits and one past them are both out of range, their figures reported; what the floor
+// does not decide (a wrong dtype, an all-zero prod) still fails.
+TEST(CompareRatio, ACheckTheFloorsModelDoesNotCoverIsNotJudged) {
+  const auto ref = at::ones({4}, at::kDouble);
+  const std::string why = "layer 1's attention is past the floor's model";
+  auto in = ratio_inputs("p/output", ref + 0.01, ref, ref, 0.01);
+  in.not_judged = why;
+  auto c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_TRUE(c.out_of_range);
+  EXPECT_NEAR(c.max_abs, 0.01, 1e-12);
+  EXPECT_NEAR(*c.error_to_limit, 0.01 / 0.06, 1e-9);  // the figures as if judged
+  EXPECT_NE(c.failure.find("p/output: cannot be judged: " + why + "; max |prod - ref| 0.01"),
+            std::string::npos)
+      << c.failure;
+  in.prod = ref + 5.0;  // far past its limit: still no verdict
+  c = compare_ratio(in);
+  EXPECT_TRUE(c.out_of_range);
+  EXPECT_NE(c.failure.find("cannot be judged"), std::string::npos) << c.failure;
+  in.prod = at::zeros({4}, at::kDouble);
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.out_of_range);
+  EXPECT_NE(c.failure.find("prod is all zero"), std::string::npos) << c.failure;
+  in.prod = ref + 0.01;
+  in.expected = {at::kBFloat16, at::kCPU};
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.out_of_range);
+  EXPECT_NE(c.failure.find("attribute 'dtype' do not match"), std::string::npos) << c.failure;
+}
+
 TEST(CompareRatio, AWrongDtypeOrDeviceFailsBeforeAnyValue) {
   const auto ref = at::ones({4}, at::kDouble);
   auto in = ratio_inputs("p/output", at::ones({4}, at::kFloat), ref, ref, 1.0);

@@ -246,7 +246,44 @@ TEST(RoundingNoise, AttentionTileSizeChangesNoValue) {
     same(g.dq_value, bwd.dq_value, t + "dq");
     same(g.dk_value, bwd.dk_value, t + "dk");
     same(g.dv_value, bwd.dv_value, t + "dv");
+    // The forward, asked, finds the backward's largest score error: one measure of the scores.
+    ScoreError forward;
+    attention_forward_variance(q, k, v, vq, vk, vv, s, act, acc, nullptr, tile, &forward);
+    for (const auto& [e, side] : {std::pair{g.scores, "backward"}, std::pair{forward, "forward"}}) {
+      EXPECT_NEAR(e.sigma, bwd.scores.sigma, 1e-12 * bwd.scores.sigma) << t << side;
+      EXPECT_EQ(e.batch, bwd.scores.batch) << t << side;
+      EXPECT_EQ(e.head, bwd.scores.head) << t << side;
+      EXPECT_EQ(e.query, bwd.scores.query) << t << side;
+      EXPECT_EQ(e.key, bwd.scores.key) << t << side;
+    }
   }
+}
+
+// With exact inputs and accumulation a score's only error is its own rounding, u |S_ij|: the
+// largest score error is u times the largest unmasked |S|, found over every head and batch,
+// and a larger score at a masked key (which no implementation's softmax reads) is not it.
+TEST(RoundingNoise, AttentionFindsItsLargestScoreError) {
+  const AttentionShape s{2, 6, 4, 2, 4};
+  const int64_t rows = 2 * 6;
+  Matrix q = random_matrix(rows, 16, 91), k = random_matrix(rows, 8, 92);
+  const Matrix v = random_matrix(rows, 8, 93), dout = random_matrix(rows, 16, 94);
+  // Batch 1, head 3 (kv head 1): query 4 against key 2 unmasked, query 1 against key 5 masked,
+  // both far above every other score.
+  q.block(6 + 4, 12, 1, 4).setConstant(20.0);
+  k.block(6 + 2, 4, 1, 4).setConstant(8.0);
+  q.block(6 + 1, 12, 1, 4).setConstant(-24.0);
+  k.block(6 + 5, 4, 1, 4).setConstant(16.0);
+  const Matrix z16 = Matrix::Zero(rows, 16), z8 = Matrix::Zero(rows, 8);
+  const Format act{0x1.0p-8, 0}, acc{0, 0};
+  const auto e = attention_backward_variance(q, k, v, dout, z16, z8, z8, z16, s, act, acc).scores;
+  const double score = q.block(6 + 4, 12, 1, 4).cwiseProduct(k.block(6 + 2, 4, 1, 4)).sum() / 2.0;
+  EXPECT_EQ(e.batch, 1);
+  EXPECT_EQ(e.head, 3);
+  EXPECT_EQ(e.query, 4);
+  EXPECT_EQ(e.key, 2);
+  EXPECT_NEAR(e.score, score, 1e-12 * score);
+  EXPECT_NEAR(e.sigma, 0x1.0p-8 * score, 1e-12 * score);
+  EXPECT_GT(e.sigma, kScoreSigmaFirstOrder);  // 320 * 2^-8: past the model's first order
 }
 
 // Every stored probability, a masked key's exact zero included, carries the activation

@@ -208,7 +208,7 @@ Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
 Trajectory train_reference(reference::CausalLm& model, const std::vector<Batch>& batches,
                            const TrainingConfig& t, const tb::Config& c,
                            AdapterSnapshots& snapshots, reference::RoundingNoise& noise,
-                           std::vector<reference::Matrix>& loss_variances) {
+                           std::vector<StepFloor>& floors) {
   struct Param {
     size_t layer;
     std::string projection;
@@ -244,7 +244,8 @@ Trajectory train_reference(reference::CausalLm& model, const std::vector<Batch>&
     const auto result = reference::causal_lm_backward(model, b.ref_tokens, b.ref_targets);
     // The floor of this step's gated losses: a careful implementation's rounding noise on
     // exactly these adapters and tokens.
-    loss_variances.push_back(noise.token_losses(model, b.ref_tokens, b.ref_targets));
+    auto& floor = floors.emplace_back();
+    floor.loss_variance = noise.token_losses(model, b.ref_tokens, b.ref_targets, &floor.scores);
     double squares = 0;
     for (const auto& p : params) squares += p.grad(result).squaredNorm();
     out.forced_losses.push_back(bridge::to_tensor(reference::Matrix(result.losses)).view({-1}));

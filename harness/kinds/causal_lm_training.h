@@ -87,12 +87,19 @@ Trajectory train(const FrozenModel& m, const std::vector<DecoderLayer>& layers,
                  const std::vector<Batch>& batches, const AdapterSnapshots& reference_adapters,
                  const TrainingConfig& t, const LayerPass& pass);
 
+// The floor of one step's gated token losses: their variance, and each layer's largest
+// attention score error, which says whether the floor's model holds there.
+struct StepFloor {
+  reference::Matrix loss_variance;
+  std::vector<reference::ScoreError> scores;
+};
+
 // The fp64 reference's training run; the trained adapters are left in `model`, each step's
-// adapters, rounded to the adapter dtype, appended to `snapshots`, and each step's variance
-// of the gated token losses (the floor) to `loss_variances`.
+// adapters, rounded to the adapter dtype, appended to `snapshots`, and each step's floor to
+// `floors`.
 Trajectory train_reference(reference::CausalLm& model, const std::vector<Batch>& batches,
                            const TrainingConfig& t, const lora_testbed::Config& c,
                            AdapterSnapshots& snapshots, reference::RoundingNoise& noise,
-                           std::vector<reference::Matrix>& loss_variances);
+                           std::vector<StepFloor>& floors);
 
 }  // namespace gradscope::causal_lm_training

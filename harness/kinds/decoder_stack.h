@@ -48,6 +48,11 @@ std::vector<StackLayer> make_stack(const lora_testbed::Config& c, const Dims& d)
 // Prod's or the baseline's copy of one layer, on the case device.
 DecoderLayer device_layer(const lora_testbed::Config& c, const Dims& d, const StackLayer& layer,
                           lora_testbed::Role role, int64_t position_offset);
+// Why what depends on a layer's attention cannot be judged (its scores err past
+// reference::kScoreSigmaFirstOrder), naming `layer`, the score and its error; empty if it can.
+std::string attention_beyond_model(const reference::ScoreError& e, const std::string& layer,
+                                   const lora_testbed::Config& c);
+
 // A device layer's seven projections by name, for backward().
 std::vector<lora_testbed::NamedProjection> named_projections(const DecoderLayer& layer);
 

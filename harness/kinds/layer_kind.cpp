@@ -115,13 +115,18 @@ class LayerTestbed final : public Testbed {
       const std::string layer = context_.id + "/layer" + std::to_string(i) + "/";
       const auto &g = prod_[i], &gb = base_[i];
       const auto& n = floor_[i];
+      out.metrics.emplace_back("layer" + std::to_string(i) + ".score_sigma", n.scores.sigma);
+      const auto not_judged =
+          ds::attention_beyond_model(n.scores, "layer " + std::to_string(i), c_);
       tb::Checks block(c_, layer, keep, *noise_);
+      block.note_not_judged(not_judged);
       block.add("hidden", "output", {g.out, gb.out, ref_out_[i], n.out}, c_.shape(dims_.hidden));
       block.add("hidden", "input.grad", {g.grads.dx, gb.grads.dx, ref_grads_[i].dx, n.dx},
                 c_.shape(dims_.hidden));
       append(out, block);
       for (const char* module : {"self_attn", "mlp"}) {
         tb::Checks checks(c_, layer + module + "/", keep, *noise_);
+        checks.note_not_judged(not_judged);
         for (const auto& p : stack_[i].projections) {
           if (module_of(p.name) != module) continue;
           checks.add_adapter_grads(p, g.grads.of(p.name), gb.grads.of(p.name),

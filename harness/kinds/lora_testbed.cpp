@@ -439,6 +439,7 @@ void Checks::add_as(const std::string& path, const Compared& t, at::IntArrayRef 
   in.format_max = format_of(expected.dtype).max;
   in.model_overflow = model_overflow_;
   in.model_format = model_format_;
+  in.not_judged = not_judged_;
   in.precision = bridge::dtype_name(config_.dtype) + " activations, " +
                  bridge::dtype_name(adapter_compute_dtype(config_)) + " adapter path";
   in.statistic = statistic;

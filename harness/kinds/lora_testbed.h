@@ -161,13 +161,16 @@ class Checks {
   // the runner itself (e.g. a rank's partial gradient): a prod that overflows with it makes the
   // case out of range. The first one noted stands.
   void note_model_overflow(const std::string& what, const std::string& format);
+  // Where the floor's model does not hold for what this block checks (an attention past
+  // reference::kScoreSigmaFirstOrder): every check added after is reported but not judged.
+  void note_not_judged(const std::string& why) { not_judged_ = why; }
   std::vector<report::Check> take() { return std::move(checks_); }
 
  private:
   const Config& config_;
   std::string prefix_;
   bool keep_tensors_;
-  std::string model_overflow_, model_format_;
+  std::string model_overflow_, model_format_, not_judged_;
   std::vector<report::Check> checks_;
 };
 

@@ -12,6 +12,7 @@
 // and a backward must leave the adapters as it found them (docs/verification.md).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -62,7 +63,7 @@ class TrainingTestbed final : public Testbed {
 
   void ref() override {
     noise_.emplace(tb::precision(c_));
-    ref_ = train_reference(ref_model_, batches_, t_, c_, snapshots_, *noise_, loss_variances_);
+    ref_ = train_reference(ref_model_, batches_, t_, c_, snapshots_, *noise_, floors_);
   }
 
   void prod() override {
@@ -83,10 +84,22 @@ class TrainingTestbed final : public Testbed {
     curve.grad_norm_ref = ref_.grad_norm;
     for (int64_t step = 0; step < t_.steps; ++step) {
       tb::Checks losses(c_, id + "/", keep, *noise_);
+      const auto& floor = floors_[step];
+      double sigma = 0;
+      for (const auto& e : floor.scores) sigma = std::max(sigma, e.sigma);
+      out.metrics.emplace_back("step" + std::to_string(step) + ".score_sigma", sigma);
+      for (size_t i = 0; i < floor.scores.size(); ++i) {  // the first layer past the model
+        const auto why = ds::attention_beyond_model(
+            floor.scores[i], "step " + std::to_string(step) + ": layer " + std::to_string(i), c_);
+        if (!why.empty()) {
+          losses.note_not_judged(why);
+          break;
+        }
+      }
       losses.add_as(
           "step" + std::to_string(step) + "/loss/token_loss",
           {prod_.forced_losses[step], base_.forced_losses[step],
-           bridge::to_matrix(ref_.forced_losses[step].view({-1, 1})), loss_variances_[step]},
+           bridge::to_matrix(ref_.forced_losses[step].view({-1, 1})), floor.loss_variance},
           {c_.tokens()}, Expected{at::kFloat, at::kCPU}, ErrorStatistic::kMeanAbs);
       auto check = std::move(losses.take().front());
       if (!check.passed && !curve.divergence_step) curve.divergence_step = step;
@@ -159,7 +172,7 @@ class TrainingTestbed final : public Testbed {
   std::vector<DecoderLayer> prod_layers_, base_layers_;
   std::optional<reference::RoundingNoise> noise_;
   AdapterSnapshots snapshots_;
-  std::vector<reference::Matrix> loss_variances_;
+  std::vector<StepFloor> floors_;
   Trajectory ref_, prod_, base_;
 };
 

@@ -363,6 +363,7 @@ enum class RatioOutcome {
   kAllZero,        // the exact value is zero in prod's format: the case's fault
   kProdNonFinite,  // prod has NaN or Inf
   kNearOverflow,   // prod overflowed only within the floor of the boundary: the case's range
+  kNotJudged,      // the floor's model does not hold here: the case's conditioning
   kDegenerate,     // prod is all zero where the exact value is not
   kOverLimit,      // the rule's limit is exceeded
 };
@@ -560,6 +561,13 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
       j.outcome = RatioOutcome::kNearOverflow;
     }
   }
+  // Without a floor that bounds a careful implementation's error, neither a pass nor a failure
+  // says anything of prod; a wrong dtype, shape or all-zero prod above says it regardless.
+  if (!in.not_judged.empty() && j.outcome != RatioOutcome::kDegenerate) {
+    check.passed = false;
+    check.out_of_range = true;
+    j.outcome = RatioOutcome::kNotJudged;
+  }
   return j;
 }
 
@@ -625,6 +633,11 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
           << in.format << ", not a verdict on prod";
       return msg.str();
     }
+    case RatioOutcome::kNotJudged:
+      msg << path << ": cannot be judged: " << in.not_judged << "; max |prod - ref| "
+          << format_exact(check.max_abs) << ", max |base - ref| "
+          << format_exact(check.baseline_max_abs.value_or(0));
+      return msg.str();
     case RatioOutcome::kDegenerate:
       msg << path << ": degenerate: prod is all zero where the exact value is not (max |ref| "
           << format_exact(j.ref_max) << "; a zero gradient is a failure, not a pass)";

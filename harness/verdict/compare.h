@@ -72,6 +72,10 @@ struct RatioInputs {
   // makes the case out of range instead of failing.
   std::string model_overflow;
   std::string model_format;  // the format that intermediate overflows, e.g. "fp16"
+  // Set where the floor's model does not hold for this tensor (why, e.g. an attention whose
+  // scores err past the model's first order): the figures are computed and reported, and the
+  // check is out of range instead of a verdict either way.
+  std::string not_judged;
   double ratio = 2.0;
   ErrorStatistic statistic = ErrorStatistic::kMaxAbs;
   bool keep_tensors = false;
