@@ -632,25 +632,29 @@ AttentionTile attention_tile(const Head& h, int64_t i0, int64_t i1, const Format
 }
 
 // Keeps in `worst` the larger of it and a tile's largest unmasked score error (the first in
-// key-major order on ties), from the scores' variances.
+// key-major order on ties), from the scores' variances. A NaN variance is the largest: the
+// model has failed there.
 void note_score_error(const Matrix& v_scores, const AttentionTile& a, int64_t batch, int64_t head,
                       ScoreError& worst) {
   const int64_t m = a.i1 - a.i0;
   double largest = worst.sigma * worst.sigma;
-  for (int64_t j = 0; j < a.i1; ++j) {
+  for (int64_t j = 0; j < a.i1 && !std::isnan(largest); ++j) {
     for (int64_t r = std::max<int64_t>(0, j - a.i0); r < m; ++r) {
-      if (v_scores(r, j) > largest) {
-        largest = v_scores(r, j);
-        worst = {std::sqrt(largest), a.scores(r, j), batch, head, a.i0 + r, j};
+      const double v = v_scores(r, j);
+      if (v > largest || std::isnan(v)) {
+        largest = v;
+        worst = {std::sqrt(v), a.scores(r, j), batch, head, a.i0 + r, j};
+        if (std::isnan(v)) break;
       }
     }
   }
 }
 
-// Over the (batch, head) blocks, in block order: the first block's on ties.
+// Over the (batch, head) blocks, in block order: the first block's on ties, a NaN first of all.
 ScoreError largest_score_error(const std::vector<ScoreError>& blocks) {
   ScoreError out;
   for (const auto& w : blocks) {
+    if (std::isnan(w.sigma)) return w;
     if (w.sigma > out.sigma) out = w;
   }
   return out;

@@ -26,7 +26,10 @@ void print_ratio_table(std::ostream& out, const CaseResult& r) {
     std::snprintf(line, sizeof line,
                   "      %-42s %10.3g %10s %10.3g %9.3g %10.3g %9.2g %10.7f  %s\n", name.c_str(),
                   c.gated_error(), base, *c.floor, c.error_to_limit.value_or(0), c.mean_abs,
-                  c.rel_fro.value_or(0), c.cosine.value_or(0), c.passed ? "pass" : "FAIL");
+                  c.rel_fro.value_or(0), c.cosine.value_or(0),
+                  c.passed         ? "pass"
+                  : c.out_of_range ? "not judged"
+                                   : "FAIL");
     out << line;
   }
 }

@@ -171,7 +171,8 @@ std::string to_html(const RunReport& report) {
        "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:"
        "collapse;font-size:13px}"
        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td.l,th.l{text-align:left}"
-       ".pass{color:#176b1b}.fail{color:#c00;font-weight:bold}pre{background:#fff3f3;padding:8px;"
+       ".pass{color:#176b1b}.fail{color:#c00;font-weight:bold}.invalid{color:#8a5a00}pre{"
+       "background:#fff3f3;padding:8px;"
        "font-size:12px;"
        "white-space:pre-wrap}section{margin:28px "
        "0}.plots{display:flex;gap:16px;flex-wrap:wrap}</style></head><body>\n";
@@ -192,13 +193,14 @@ std::string to_html(const RunReport& report) {
     double worst = 0;
     int64_t failed = 0;
     for (const auto& check : c.checks) {
-      failed += check.passed ? 0 : 1;
+      failed += check.passed || check.out_of_range ? 0 : 1;
       const auto base = check.gated_baseline_error();
       if (base && *base > 0) worst = std::max(worst, check.gated_error() / *base);
     }
     h << "<tr><td class=\"l\"><a href=\"#" << escape_markup(c.id) << "\">" << escape_markup(c.id)
       << "</a></td><td class=\""
       << (c.passed()           ? "pass\">pass"
+          : c.invalid()        ? "invalid\">invalid"
           : c.is_unsupported() ? "l\">unsupported"
                                : "fail\">FAIL")
       << "</td><td>" << c.checks.size() << "</td><td>" << failed << "</td><td>"
@@ -211,7 +213,10 @@ std::string to_html(const RunReport& report) {
       if (check.baseline_max_abs) ratio_checks.push_back(&check);
     }
     h << "<section id=\"" << escape_markup(c.id) << "\"><h2 class=\""
-      << (c.passed() ? "pass" : "fail") << "\">" << escape_markup(c.id)
+      << (c.passed()    ? "pass"
+          : c.invalid() ? "invalid"
+                        : "fail")
+      << "\">" << escape_markup(c.id)
       << "</h2>\n<table><tr><th class=\"l\">tensor</th><th>err(prod)</th><th>err(base)</th>"
       << "<th>ratio</th><th>limit</th><th>mean abs</th><th>rel. "
          "Frobenius</th><th>cosine</th><th>status</th></tr>\n";
@@ -226,7 +231,10 @@ std::string to_html(const RunReport& report) {
         << "</td><td>" << format_number(check.limit) << "</td><td>" << format_number(check.mean_abs)
         << "</td><td>" << (check.rel_fro ? format_number(*check.rel_fro) : "&ndash;") << "</td><td>"
         << (check.cosine ? cosine_text(*check.cosine) : "&ndash;") << "</td><td class=\""
-        << (check.passed ? "pass\">pass" : "fail\">FAIL") << "</td></tr>\n";
+        << (check.passed         ? "pass\">pass"
+            : check.out_of_range ? "invalid\">not judged"
+                                 : "fail\">FAIL")
+        << "</td></tr>\n";
     }
     h << "</table>\n";
     for (const auto& check : c.checks) {

@@ -73,6 +73,21 @@ TEST(CompareExact, IntegerTensorsAndDescriber) {
   EXPECT_NE(check.failure.find("row 1"), std::string::npos);
 }
 
+// Bits, NaNs included: a tensor against its own copy passes whatever its NaNs' signs, and a
+// NaN of the other sign is a mismatch. A ref handed over in a wider dtype is rounded back
+// first, which makes every bf16 NaN the canonical one: same-dtype checks (adapters before and
+// after a backward) pass theirs as they are.
+TEST(CompareExact, NaNsCompareByTheirBits) {
+  const auto bf16 = [](std::vector<int16_t> bits) {
+    return at::tensor(bits, at::kShort).view(at::kBFloat16);
+  };
+  const int16_t minus_nan = static_cast<int16_t>(0xFFC0), one = 0x3F80, nan = 0x7FC0;
+  const auto t = bf16({minus_nan, one, nan});
+  EXPECT_TRUE(compare_exact("p", "x", t, t.clone()).passed);
+  EXPECT_EQ(compare_exact("p", "x", t, bf16({nan, one, nan})).mismatches, 1);
+  EXPECT_EQ(compare_exact("p", "x", t, t.to(at::kDouble)).mismatches, 1);  // rounded back: +NaN
+}
+
 TEST(ExpectRejection, FailsWhenTheOperationProceeded) {
   EXPECT_TRUE(expect_rejection("p", "x", true, "").passed);
   EXPECT_FALSE(expect_rejection("p", "x", false, "").passed);

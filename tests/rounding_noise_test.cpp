@@ -261,29 +261,43 @@ TEST(RoundingNoise, AttentionTileSizeChangesNoValue) {
 
 // With exact inputs and accumulation a score's only error is its own rounding, u |S_ij|: the
 // largest score error is u times the largest unmasked |S|, found over every head and batch,
-// and a larger score at a masked key (which no implementation's softmax reads) is not it.
+// and a larger score at a masked key (which no implementation's softmax reads), even the one
+// just past the diagonal, is not it; at any tile size, tiles starting past row 0 included.
 TEST(RoundingNoise, AttentionFindsItsLargestScoreError) {
   const AttentionShape s{2, 6, 4, 2, 4};
   const int64_t rows = 2 * 6;
   Matrix q = random_matrix(rows, 16, 91), k = random_matrix(rows, 8, 92);
   const Matrix v = random_matrix(rows, 8, 93), dout = random_matrix(rows, 16, 94);
-  // Batch 1, head 3 (kv head 1): query 4 against key 2 unmasked, query 1 against key 5 masked,
-  // both far above every other score.
+  // Batch 1, head 3 (kv head 1): query 4 against key 2 unmasked; query 4 against key 5 and
+  // query 1 against key 2 masked, all far above every other score.
   q.block(6 + 4, 12, 1, 4).setConstant(20.0);
   k.block(6 + 2, 4, 1, 4).setConstant(8.0);
   q.block(6 + 1, 12, 1, 4).setConstant(-24.0);
   k.block(6 + 5, 4, 1, 4).setConstant(16.0);
   const Matrix z16 = Matrix::Zero(rows, 16), z8 = Matrix::Zero(rows, 8);
   const Format act{0x1.0p-8, 0}, acc{0, 0};
-  const auto e = attention_backward_variance(q, k, v, dout, z16, z8, z8, z16, s, act, acc).scores;
   const double score = q.block(6 + 4, 12, 1, 4).cwiseProduct(k.block(6 + 2, 4, 1, 4)).sum() / 2.0;
-  EXPECT_EQ(e.batch, 1);
-  EXPECT_EQ(e.head, 3);
-  EXPECT_EQ(e.query, 4);
-  EXPECT_EQ(e.key, 2);
-  EXPECT_NEAR(e.score, score, 1e-12 * score);
-  EXPECT_NEAR(e.sigma, 0x1.0p-8 * score, 1e-12 * score);
-  EXPECT_GT(e.sigma, kScoreSigmaFirstOrder);  // 320 * 2^-8: past the model's first order
+  for (const int64_t tile : {int64_t{1}, int64_t{2}, int64_t{4}, kAttentionTileRows}) {
+    const auto e =
+        attention_backward_variance(q, k, v, dout, z16, z8, z8, z16, s, act, acc, tile).scores;
+    const std::string t = "tile of " + std::to_string(tile) + " rows";
+    EXPECT_EQ(e.batch, 1) << t;
+    EXPECT_EQ(e.head, 3) << t;
+    EXPECT_EQ(e.query, 4) << t;
+    EXPECT_EQ(e.key, 2) << t;
+    EXPECT_NEAR(e.score, score, 1e-12 * score) << t;
+    EXPECT_NEAR(e.sigma, 0x1.0p-8 * score, 1e-12 * score) << t;
+  }
+  EXPECT_GT(0x1.0p-8 * score, kScoreSigmaFirstOrder);  // 320 * 2^-8: past the first order
+  // A NaN in the scores' variance is the largest error: the model has failed there.
+  Matrix vq = z16;
+  vq(6 + 3, 13) = NAN;
+  const auto nan = attention_backward_variance(q, k, v, dout, vq, z8, z8, z16, s, act, acc).scores;
+  EXPECT_TRUE(std::isnan(nan.sigma));
+  EXPECT_EQ(nan.batch, 1);
+  EXPECT_EQ(nan.head, 3);
+  EXPECT_EQ(nan.query, 3);
+  EXPECT_EQ(nan.key, 0);  // the first of its row's scores the NaN reaches
 }
 
 // Every stored probability, a masked key's exact zero included, carries the activation

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
 
 #include "cli_capture.h"
 #include "gradscope/faults.h"
@@ -172,6 +173,50 @@ position_offset = 4412
   EXPECT_NE(m.out.find("checks: 32 passed, 0 failed"), std::string::npos) << m.out;
 }
 
+// One layer past the model and one within it (sample 229 at seed 2026: sigma 17.8 and 0.66):
+// layer 0 is not judged, layer 1 is; and a fault there fails the case, not judged or not.
+TEST(Verdicts, OnlyTheLayerPastTheFloorsModelIsNotJudged) {
+  testing::TempDir dir;
+  const auto file = dir.write("mixed.toml", R"(kind = "layer"
+seed = 546726
+dtype = "bf16"
+bits = 2
+group_size = -1
+desc_act = true
+static_groups = true
+sym = false
+format = "gptq"
+hidden = 64
+heads = 2
+kv_heads = 1
+intermediate = 176
+rank = 1
+alpha = 27.75
+adapter_dtype = "bf16"
+batch = 4
+seq = 24
+loss_scale = 65536.0
+)");
+  const auto r = run_captured({"run", file, "--quiet", "--json", dir.path("r.json")});
+  EXPECT_EQ(r.code, 2) << r.out;
+  const auto report = read_json(dir.path("r.json"));
+  std::map<std::string, int> statuses;
+  for (const auto& c : report["cases"][0]["checks"]) {
+    const std::string path = c["path"];
+    const bool layer0 = path.find("/layer0/") != std::string::npos;
+    ++statuses[(layer0 ? "layer0 " : "layer1 ") + c["status"].get<std::string>()];
+  }
+  EXPECT_EQ(statuses,
+            (std::map<std::string, int>{{"layer0 out_of_range", 16}, {"layer1 pass", 16}}));
+  if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
+  const ScopedFault fault(Fault::kDxMissingAdapterTerm);
+  const auto bad = run_captured({"run", file, "--quiet"});
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("FAIL  layer.bf16"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("/layer1/mlp/gate_proj/lora_A.grad: |prod - ref|"), std::string::npos)
+      << bad.out;
+}
+
 // A training step's token losses run through the same attention: scaling 102.5 at rank 1 puts
 // its scores in the thousands, and each step's gated losses are reported, not judged; the
 // exact checks (adapters untouched by a backward, frozen weights) still are.
@@ -200,8 +245,16 @@ profile = "realistic"
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("checks: 35 passed, 0 failed, 2 not judged"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prod's loss stays in the band at every step"), std::string::npos)
+      << r.out;  // a step not judged is no divergence
   const auto m = run_captured({"run", dir.write("modest.toml", fields + "alpha = 2.0\n")});
   EXPECT_EQ(m.code, 0) << m.out;
+  // A fault the exact checks see fails the case beside the steps not judged.
+  if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
+  const ScopedFault fault(Fault::kZerosRewrittenInBackward);
+  const auto bad = run_captured({"run", dir.path("ill.toml"), "--quiet"});
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("/frozen/layer0/"), std::string::npos) << bad.out;
 }
 
 TEST(Verdicts, ProfilesAndPositionsAreCaseFields) {

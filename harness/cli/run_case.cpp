@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <new>
 
@@ -53,9 +54,12 @@ void run_classified(const SelectedCase& sc, const RunOptions& options, report::C
     result.metrics = std::move(output.metrics);
     result.loss_curve = std::move(output.loss_curve);
     result.inputs = std::move(output.inputs);
-    // A result the case's formats cannot hold makes the case invalid, not failed.
+    // A result the case's formats or the floor's model cannot hold makes the case invalid, not
+    // failed; but a check that fails outright beside it is a verdict on prod, and the case fails.
+    const bool failed = std::any_of(result.checks.begin(), result.checks.end(),
+                                    [](const auto& c) { return !c.passed && !c.out_of_range; });
     for (const auto& check : result.checks) {
-      if (check.out_of_range) {
+      if (check.out_of_range && !failed) {
         result.input_error = check.failure;
         break;
       }

@@ -177,17 +177,18 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
 
 std::string attention_beyond_model(const reference::ScoreError& e, const std::string& layer,
                                    const tb::Config& c) {
-  if (!(e.sigma > reference::kScoreSigmaFirstOrder)) return "";
+  if (e.sigma <= reference::kScoreSigmaFirstOrder) return "";  // a NaN is past it
   char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "%s's attention is past the floor's model: a careful %s implementation's "
-                "score at batch %lld, head %lld, query %lld, key %lld (exact value %.6g) errs by "
-                "sigma %.4g > %.4g, where the model's first order no longer holds "
-                "(docs/verification.md, \"What the model approximates\"): the case, not the "
-                "kernel",
-                layer.c_str(), bridge::dtype_name(c.dtype).c_str(), static_cast<long long>(e.batch),
-                static_cast<long long>(e.head), static_cast<long long>(e.query),
-                static_cast<long long>(e.key), e.score, e.sigma, reference::kScoreSigmaFirstOrder);
+  std::snprintf(
+      buf, sizeof buf,
+      "%s's attention is past the floor's model: a careful %s implementation's "
+      "score at batch %lld, query head %lld, query %lld, key %lld (exact value %.6g) errs "
+      "by sigma %.4g > %.4g, where the model's first order no longer holds "
+      "(docs/verification.md, \"What the model approximates\"): the case, not the "
+      "kernel",
+      layer.c_str(), bridge::dtype_name(c.dtype).c_str(), static_cast<long long>(e.batch),
+      static_cast<long long>(e.head), static_cast<long long>(e.query),
+      static_cast<long long>(e.key), e.score, e.sigma, reference::kScoreSigmaFirstOrder);
   return buf;
 }
 

@@ -634,9 +634,13 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
       return msg.str();
     }
     case RatioOutcome::kNotJudged:
-      msg << path << ": cannot be judged: " << in.not_judged << "; max |prod - ref| "
-          << format_exact(check.max_abs) << ", max |base - ref| "
-          << format_exact(check.baseline_max_abs.value_or(0));
+      msg << path << ": cannot be judged: " << in.not_judged << "; "
+          << (check.gate_on_mean ? "mean" : "max") << " |prod - ref| "
+          << format_exact(check.gate_on_mean ? check.mean_abs : check.max_abs) << ", "
+          << (check.gate_on_mean ? "mean" : "max") << " |base - ref| "
+          << format_exact(check.gate_on_mean ? check.baseline_mean_abs.value_or(0)
+                                             : check.baseline_max_abs.value_or(0))
+          << ", error / limit as if judged " << format_exact(check.error_to_limit.value_or(0));
       return msg.str();
     case RatioOutcome::kDegenerate:
       msg << path << ": degenerate: prod is all zero where the exact value is not (max |ref| "

@@ -139,7 +139,7 @@ int64_t compare_with_accepted(std::ostream& out, const report::RunReport& curren
   };
   for (const auto& c : current.cases) {
     for (const auto& check : c.checks) {
-      const Score now{score(check.max_abs, check.baseline_max_abs), check.passed ? "pass" : "fail"};
+      const Score now{score(check.max_abs, check.baseline_max_abs), check.status()};
       auto it = accepted.find(check.path);
       if (it == accepted.end()) {
         flag(check.path, "-", text(now), "new check");
@@ -153,7 +153,9 @@ int64_t compare_with_accepted(std::ostream& out, const report::RunReport& curren
           now.value > factor * old.value || (std::isnan(now.value) && !std::isnan(old.value));
       if (grew || (old.status == "pass" && now.status != "pass")) {
         flag(check.path, text(old), text(now),
-             now.status != old.status ? "now failing" : "score grew");
+             now.status == old.status ? "score grew"
+             : now.status == "fail"   ? "now failing"
+                                      : "now not judged");
       }
     }
   }

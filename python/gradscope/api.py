@@ -20,8 +20,8 @@ class GradscopeInputError(ValueError):
 @dataclasses.dataclass
 class Check:
     path: str
-    status: str  # "pass" or "fail"
-    message: str  # the failure message; empty when it passed
+    status: str  # "pass", "fail" or "out_of_range" (not judged: the case's range or conditioning)
+    message: str  # the failure message, or why it was not judged; empty when it passed
     max_abs: Optional[float]  # worst |prod - ref|
     limit: Optional[float]  # what the rule allowed there
     name: str = ""  # check_module: the module's own path of the tensor (lora_A.default.weight.grad)
@@ -189,12 +189,15 @@ def check(
     extra_args: Sequence[str] = (),
     raise_on_failure: bool = True,
     allow_unsupported: bool = False,
+    raise_on_invalid: bool = True,
 ) -> List[Case]:
     """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
 
     `filter` is a glob or a list of globs (a case is selected when one matches its id).
     Raises GradscopeInputError when the run cannot judge its cases (exit 2: bad input, or
-    `impl` declined every case, unless allow_unsupported) and, unless raise_on_failure is
+    `impl` declined every case, unless allow_unsupported; with raise_on_invalid False, a case
+    whose checks ran but could not be judged, such as an attention past the floor's model, is
+    returned with status "invalid" instead) and, unless raise_on_failure is
     False, AssertionError listing every failing check with its message and the command that
     replays the case.
     """
@@ -214,10 +217,15 @@ def check(
         args += list(extra_args)
         with _CapturedFd() as captured:
             code = _run(args)
-        if code == 2 or not os.path.exists(report):
+        if not os.path.exists(report):
             raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
         with open(report) as f:
             data = json.load(f)
+        # Invalid cases whose checks ran (out of range, not judged) are results; an invalid
+        # case without checks, or a run that judged nothing, is bad input.
+        judged_invalid = all(c["status"] != "invalid" or c["checks"] for c in data["cases"])
+        if code == 2 and (raise_on_invalid or not judged_invalid or not data["cases"]):
+            raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
     result = [
         Case(
             id=c["id"],

@@ -540,7 +540,10 @@ def check_module(
     gradscope.check's Cases, each check's `name` the module's own path
     (`q_proj.lora_A.default.weight.grad`); raises AssertionError naming each failing tensor by
     that path unless raise_on_failure is False, and ModuleRefused (a GradscopeInputError) for a
-    module or feature gradscope does not model.
+    module or feature gradscope does not model. A dtype whose checks ran but could not be judged
+    (out of range, or an attention past the floor's model: docs/verification.md) raises
+    GradscopeInputError with the reason, or with raise_on_failure False comes back as a Case of
+    status "invalid".
     """
     __tracebackhide__ = True
     kind, projections = _projections(module, kind, adapter)
@@ -597,7 +600,7 @@ def check_module(
             case_file = os.path.join(scratch, f"{type(module).__name__}.toml")
             with open(case_file, "w") as f:
                 f.write(text)
-            cases = api.check(case_file, impl=ns, raise_on_failure=False,
+            cases = api.check(case_file, impl=ns, raise_on_failure=False, raise_on_invalid=False,
                               extra_args=["--dump", dump] if dump else [])
     finally:
         if library is not None:
@@ -618,6 +621,15 @@ def check_module(
         for c in failing:
             lines += api.failure_lines(c, named=True)
         raise AssertionError("\n".join(lines))
+    # Checks that ran and could not be judged: a result for check_model's report, an input
+    # problem for a caller who asked for a verdict on this module.
+    invalid = [c for c in cases if c.status == "invalid"]
+    if invalid and raise_on_failure:
+        lines = [f"{len(invalid)} of {len(cases)} dtypes could not be judged for "
+                 f"{type(module).__name__} (kind {kind})"]
+        for c in invalid:
+            lines += [f"  {k.message}" for k in c.checks if k.status == "out_of_range"][:1]
+        raise api.GradscopeInputError("\n".join(lines))
     return cases
 
 
@@ -631,18 +643,25 @@ class ModuleResult:
 
     @property
     def passed(self) -> bool:
-        """No case failed; a dtype the module declined (unsupported) is not a failure."""
-        return all(c.passed or c.status == "unsupported" for c in self.cases)
+        """No case failed; a dtype the module declined (unsupported) or one that could not be
+        judged (invalid, e.g. an attention past the floor's model) is not a failure."""
+        return all(c.passed or c.status in ("unsupported", "invalid") for c in self.cases)
 
     @property
     def unsupported(self) -> List[str]:
         """The dtypes the module declined."""
         return [c.id.split(".")[1] for c in self.cases if c.status == "unsupported"]
 
+    @property
+    def not_judged(self) -> List[str]:
+        """The dtypes whose checks ran but could not be judged (their messages say why)."""
+        return [c.id.split(".")[1] for c in self.cases if c.status == "invalid"]
+
     def worst(self) -> Tuple[float, str]:
         """The largest err/limit over the module's checks, and the tensor it is on."""
         ratios = [(k.max_abs / k.limit, f"{self.path}.{k.name}") for c in self.cases
-                  for k in c.checks if k.max_abs is not None and k.limit]
+                  for k in c.checks
+                  if k.max_abs is not None and k.limit and k.status != "out_of_range"]
         return max(ratios, default=(0.0, self.path))
 
 
@@ -681,6 +700,8 @@ class ModelReport:
         for m in self.modules:
             ratio, where = m.worst()
             declined = f"  ({', '.join(m.unsupported)} unsupported)" if m.unsupported else ""
+            if m.not_judged:
+                declined += f"  ({', '.join(m.not_judged)} not judged)"
             lines.append(f"{m.path:<{width}}  {m.kind:<6}  {'pass' if m.passed else 'FAIL':<7}  "
                          f"{ratio:.3g}  {where[len(m.path) + 1:]}{declined}")
         return "\n".join(lines + ([self.note] if self.note else []))

@@ -10,10 +10,16 @@ Usage: python_package.py CASES_DIR   (with gradscope and plain_torch_impl on PYT
    operator again and is judged on its own (autograd's engine leaves the Python exception in
    the thread's error indicator, which the package clears after each case).
 4. Importing gradscope registers gradscope's own operators (torch.ops.gradscope.*).
+5. A case whose checks ran and could not be judged (a layer whose attention is past the
+   floor's model) raises GradscopeInputError, or with raise_on_invalid=False comes back with
+   status "invalid" and its checks "out_of_range", each saying why; a case that is invalid
+   before any check runs (an input beyond its dtype) raises either way. check_model's module
+   table counts such a dtype as not judged, not as a failure.
 """
 import os
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -148,11 +154,61 @@ def main(cases_dir):
     declined = gradscope.check(variants, impl="plain_py", filter="*.b3g*", allow_unsupported=True)
     assert len(declined) == 16 and all(c.status == "unsupported" for c in declined), declined
 
+    _not_judged()
+
     assert hasattr(torch.ops.gradscope, "lora_w")
     assert gradscope.OP_SCHEMA_VERSION == 3
     assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")
     print("python package: CLI, --import, check(), a raising backward and the operator "
           "registration as expected")
+
+
+_ILL_LAYER = """kind = "layer"
+seed = 914697
+dtype = "bf16"
+bits = 2
+group_size = 64
+format = "gptq_v2"
+scales_dtype = "fp16"
+hidden = 64
+heads = 2
+kv_heads = 1
+intermediate = 64
+rank = 2
+batch = 2
+seq = 17
+position_offset = 4412
+alpha = 94.5
+rslora = true
+"""
+
+
+def _not_judged():
+    from gradscope.check_module import ModelReport, ModuleResult
+
+    with tempfile.TemporaryDirectory() as d:
+        ill, dy = os.path.join(d, "ill.toml"), os.path.join(d, "dy.toml")
+        with open(ill, "w") as f:
+            f.write(_ILL_LAYER)
+        with open(dy, "w") as f:
+            f.write('kind = "lora_w"\ndtype = "fp16"\nloss_scale = 1000000.0\n')
+        try:
+            gradscope.check(ill)
+            raise RuntimeError("a case not judged returned")
+        except gradscope.GradscopeInputError as e:
+            assert "attention is past the floor's model" in str(e), e
+        [case] = gradscope.check(ill, raise_on_invalid=False)
+        assert case.status == "invalid", case
+        assert len(case.checks) == 32 and all(k.status == "out_of_range" for k in case.checks)
+        assert "cannot be judged: layer 0's attention is past" in case.checks[0].message, case
+        try:
+            gradscope.check(dy, raise_on_invalid=False)
+            raise RuntimeError("an input beyond its dtype returned")
+        except gradscope.GradscopeInputError as e:
+            assert "input dy reaches" in str(e), e
+    table = ModelReport([ModuleResult("model.layers.0", "layer", [case])]).table()
+    assert ModelReport([ModuleResult("model.layers.0", "layer", [case])]).passed, table
+    assert "(bf16 not judged)" in table, table
 
 
 if __name__ == "__main__":
