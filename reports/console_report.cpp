@@ -135,7 +135,11 @@ void print_summary(std::ostream& out, const RunReport& report) {
   if (not_judged) out << ", " << not_judged << " not judged";
   out << "\n";
   out << report.passed() << " passed, " << report.failed() << " failed";
-  if (report.invalid()) out << ", " << report.invalid() << " invalid (not judged: exit 2)";
+  // Exit 2 for cases not judged only where none failed (a verdict on prod outranks them).
+  if (report.invalid()) {
+    out << ", " << report.invalid() << " invalid (not judged"
+        << (report.failed() == 0 ? ": exit 2)" : ")");
+  }
   if (report.unsupported()) {
     out << ", " << report.unsupported() << " unsupported by " << report.implementation.ns;
   }

@@ -309,6 +309,22 @@ TEST(JUnit, OneTestcasePerCheckAndEscapedFailures) {
   EXPECT_EQ(xml.find("<&>"), std::string::npos);
 }
 
+// A check not judged (out of range: the case's range or an attention past the floor's model)
+// is a skipped testcase carrying the reason, not a failure.
+TEST(JUnit, ACheckNotJudgedIsSkipped) {
+  auto r = sample_report();
+  r.cases[0].checks[1].passed = false;
+  r.cases[0].checks[1].out_of_range = true;
+  r.cases[0].checks[1].failure = "path: cannot be judged: layer 0's attention\n        more";
+  const auto xml = to_junit_xml(r);
+  EXPECT_NE(xml.find("tests=\"2\" failures=\"0\" errors=\"0\" skipped=\"1\""), std::string::npos)
+      << xml;
+  EXPECT_NE(xml.find("<skipped message=\"path: cannot be judged: layer 0&apos;s attention\"/>"),
+            std::string::npos)
+      << xml;
+  EXPECT_EQ(xml.find("<failure"), std::string::npos) << xml;
+}
+
 }  // namespace
 }  // namespace gradscope::report
 

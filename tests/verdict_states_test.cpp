@@ -171,6 +171,14 @@ position_offset = 4412
   const auto m = run_captured({"run", modest, "--quiet"});
   EXPECT_EQ(m.code, 0) << m.out;
   EXPECT_NE(m.out.find("checks: 32 passed, 0 failed"), std::string::npos) << m.out;
+  // A failing case beside one not judged: exit 1, a verdict on prod outranks no verdict.
+  if (!fault_switches_linked()) GTEST_SKIP() << "built without fault switches";
+  const ScopedFault fault(Fault::kDxMissingAdapterTerm);
+  const auto both =
+      run_captured({"run", ill, dir.write("w.toml", "kind = \"lora_w\"\n"), "--quiet"});
+  EXPECT_EQ(both.code, 1) << both.out;
+  EXPECT_NE(both.out.find("0 passed, 1 failed, 1 invalid (not judged)\n"), std::string::npos)
+      << both.out;
 }
 
 // One layer past the model and one within it (sample 229 at seed 2026: sigma 17.8 and 0.66):

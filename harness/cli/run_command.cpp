@@ -264,6 +264,8 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
 int exit_code(const report::RunReport& report, const ReportOptions& o) {
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
+  // A verdict on prod outranks a case the run could not judge (docs/cli.md, exit codes).
+  if (report.failed() > 0) return 1;
   if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
   // Every case declined by the implementation under test: a gate that goes green having
   // compared nothing proves nothing.
@@ -275,7 +277,7 @@ int exit_code(const report::RunReport& report, const ReportOptions& o) {
               << " selected cases); select cases it implements, or pass --allow-unsupported\n";
     return 2;
   }
-  return report.failed() == 0 && regressions == 0 ? 0 : 1;
+  return regressions == 0 ? 0 : 1;
 }
 
 int command_run(const CaseSelection& sel, const ReportOptions& o, const std::string& program) {

@@ -140,10 +140,14 @@ def _selection(cases: Union[str, Sequence[str]], suite: Optional[str],
 
 def failure_lines(case: "Case", named: bool = False) -> List[str]:
     """A failing case as gradscope reports it: its id, each failing check's message (after the
-    tensor's `name` when `named`), the replay line."""
+    tensor's `name` when `named`), how many were not judged, the replay line."""
     lines = [f"{case.id}:"]
     lines += [f"  {k.name}: {k.message}" if named else f"  {k.message}"
-              for k in case.checks if not k.passed]
+              for k in case.checks if k.status == "fail"]
+    not_judged = sum(k.status == "out_of_range" for k in case.checks)
+    if not_judged:
+        lines.append(f"  ({not_judged} more checks not judged: out of range, or past the "
+                     "floor's model)")
     lines.append(f"  replay: {case.replay}")
     return lines
 
@@ -221,10 +225,12 @@ def check(
             raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
         with open(report) as f:
             data = json.load(f)
-        # Invalid cases whose checks ran (out of range, not judged) are results; an invalid
-        # case without checks, or a run that judged nothing, is bad input.
-        judged_invalid = all(c["status"] != "invalid" or c["checks"] for c in data["cases"])
-        if code == 2 and (raise_on_invalid or not judged_invalid or not data["cases"]):
+        # Invalid cases whose checks ran (out of range, not judged) are results, where they are
+        # what the exit code says; an invalid case without checks, or a run that judged
+        # nothing (every case declined), is bad input.
+        invalid = [c for c in data["cases"] if c["status"] == "invalid"]
+        judged_invalid = bool(invalid) and all(c["checks"] for c in invalid)
+        if code == 2 and (raise_on_invalid or not judged_invalid):
             raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
     result = [
         Case(

@@ -681,6 +681,11 @@ class ModelReport:
     def first_failure(self) -> Optional[ModuleResult]:
         return next((m for m in self.modules if not m.passed), None)
 
+    @property
+    def not_judged(self) -> List[ModuleResult]:
+        """The modules with a dtype whose checks could not be judged (no verdict there)."""
+        return [m for m in self.modules if m.not_judged]
+
     def divergence_lines(self) -> List[str]:
         """The first failing module and each of its failing tensors, by path; empty if none."""
         first = self.first_failure
@@ -690,7 +695,8 @@ class ModelReport:
                  f"{sum(not m.passed for m in self.modules)} of {len(self.modules)} modules "
                  "failed"]
         for c in first.cases:
-            lines += [f"  {first.path}.{k.name}: {k.message}" for k in c.checks if not k.passed]
+            lines += [f"  {first.path}.{k.name}: {k.message}" for k in c.checks
+                      if k.status == "fail"]
         return lines
 
     def table(self) -> str:
@@ -702,7 +708,8 @@ class ModelReport:
             declined = f"  ({', '.join(m.unsupported)} unsupported)" if m.unsupported else ""
             if m.not_judged:
                 declined += f"  ({', '.join(m.not_judged)} not judged)"
-            lines.append(f"{m.path:<{width}}  {m.kind:<6}  {'pass' if m.passed else 'FAIL':<7}  "
+            verdict = "FAIL" if not m.passed else "invalid" if m.not_judged else "pass"
+            lines.append(f"{m.path:<{width}}  {m.kind:<6}  {verdict:<7}  "
                          f"{ratio:.3g}  {where[len(m.path) + 1:]}{declined}")
         return "\n".join(lines + ([self.note] if self.note else []))
 
@@ -906,4 +913,10 @@ def check_model(
             report.note = f"end to end: not run: {e}"
     if report.first_failure is not None and raise_on_failure:
         raise AssertionError("\n".join(report.divergence_lines() + ["", report.table()]))
+    if report.not_judged and raise_on_failure:  # no verdict there: not a pass either
+        raise api.GradscopeInputError("\n".join(
+            [f"{len(report.not_judged)} of {len(report.modules)} modules could not be judged "
+             "in some dtype (their checks say why):"]
+            + [f"  {m.path}: {k.message}" for m in report.not_judged for c in m.cases
+               if c.status == "invalid" for k in c.checks[:1]] + ["", report.table()]))
     return report

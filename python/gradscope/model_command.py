@@ -105,12 +105,14 @@ def report_data(report: ModelReport) -> Dict[str, Any]:
     return {
         "passed": report.passed,
         "first_divergence": first.path if first else None,
+        "not_judged": [m.path for m in report.not_judged],
         "note": report.note or None,
         "modules": [{
             "path": m.path, "kind": m.kind, "passed": m.passed,
             "cases": [{
                 "id": c.id, "status": c.status, "replay": c.replay,
-                "checks": [{"name": k.name, "passed": k.passed, "statistic": k.statistic,
+                "checks": [{"name": k.name, "passed": k.passed, "status": k.status,
+                            "statistic": k.statistic,
                             "max_abs": k.max_abs,
                             "limit": k.limit, "error_to_limit": _ratio(k),
                             "message": k.message} for k in c.checks],
@@ -134,7 +136,10 @@ def report_junit(report: ModelReport, name: str) -> str:
             for k in c.checks:
                 case = ET.SubElement(suite, "testcase", classname=m.path,
                                      name=f"{dtype}.{k.name}")
-                if not k.passed:
+                if k.status == "out_of_range":  # not judged: no verdict, a skip
+                    skipped += 1
+                    ET.SubElement(case, "skipped", message=k.message.split("\n")[0])
+                elif not k.passed:
                     failures += 1
                     ET.SubElement(case, "failure", message=k.message.split("\n")[0]).text = (
                         f"{k.message}\nreplay: {c.replay}")
@@ -181,19 +186,24 @@ def report_html(report: ModelReport, title: str) -> str:
                 if not checks:
                     cells.append("<td></td>")
                     continue
-                ratios = [r for r in (_ratio(k) for k in checks) if r is not None]
+                ratios = [r for r in (_ratio(k) for k in checks
+                                      if k.status != "out_of_range") if r is not None]
                 worst = max(ratios, default=None)
-                passed = all(k.passed for k in checks)
+                passed = all(k.passed or k.status == "out_of_range" for k in checks)
+                judged = [k for k in checks if k.status != "out_of_range"]
                 tip = "\n".join(f"{k.name}: " + (f"{_ratio(k):.3g}" if _ratio(k) is not None
                                                   else k.status) for k in checks)
-                text = "FAIL" if not passed else (f"{worst:.2f}" if worst is not None else "")
+                text = ("FAIL" if not passed else "not judged" if not judged
+                        else f"{worst:.2f}" if worst is not None else "")
                 cells.append(f"<td style='background:{_cell_colour(worst, passed)}' "
                              f"title='{html.escape(tip, quote=True)}'>{text}</td>")
-        verdict = "pass" if m.passed else "FAIL"
+        verdict = "FAIL" if not m.passed else "invalid" if m.not_judged else "pass"
         rows.append(f"<tr><th>{html.escape(m.path)}</th><td>{m.kind}</td><td>{verdict}</td>"
                     + "".join(cells) + "</tr>")
     first = report.first_failure
     summary = (f"first divergence: {html.escape(first.path)} ({first.kind})" if first
+               else f"{len(report.not_judged)} of {len(report.modules)} modules not judged in "
+               "some dtype, the others pass" if report.not_judged
                else f"all {len(report.modules)} modules pass")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>"
@@ -255,4 +265,5 @@ def main(argv: Sequence[str], check: Callable[..., ModelReport] = check_model) -
     except (OSError, api.GradscopeInputError) as e:
         print(f"gradscope model: cannot write: {e}", file=sys.stderr)
         return 2
-    return 0 if report.passed else 1
+    # A failure is a verdict; a module not judged (and none failed) is no verdict: exit 2.
+    return 1 if not report.passed else 2 if report.not_judged else 0

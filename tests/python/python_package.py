@@ -151,6 +151,11 @@ def main(cases_dir):
         raise RuntimeError("a check that judged nothing returned")
     except gradscope.GradscopeInputError as e:
         assert "no case was judged: 16 unsupported" in str(e), e
+    try:  # a run that judged nothing is not a case not judged
+        gradscope.check(variants, impl="plain_py", filter="*.b3g*", raise_on_invalid=False)
+        raise RuntimeError("a check that judged nothing returned with raise_on_invalid=False")
+    except gradscope.GradscopeInputError as e:
+        assert "no case was judged: 16 unsupported" in str(e), e
     declined = gradscope.check(variants, impl="plain_py", filter="*.b3g*", allow_unsupported=True)
     assert len(declined) == 16 and all(c.status == "unsupported" for c in declined), declined
 
@@ -206,9 +211,11 @@ def _not_judged():
             raise RuntimeError("an input beyond its dtype returned")
         except gradscope.GradscopeInputError as e:
             assert "input dy reaches" in str(e), e
-    table = ModelReport([ModuleResult("model.layers.0", "layer", [case])]).table()
-    assert ModelReport([ModuleResult("model.layers.0", "layer", [case])]).passed, table
-    assert "(bf16 not judged)" in table, table
+    report = ModelReport([ModuleResult("model.layers.0", "layer", [case])])
+    table = report.table()
+    assert report.passed and report.first_failure is None, table  # no failure ...
+    assert [m.path for m in report.not_judged] == ["model.layers.0"], table  # ... no verdict
+    assert "invalid" in table and "(bf16 not judged)" in table, table
 
 
 if __name__ == "__main__":
