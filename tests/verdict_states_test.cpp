@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "cli_capture.h"
@@ -128,30 +129,14 @@ TEST(Verdicts, AnOutputInTheWrongDtypeFails) {
       << r.out;
 }
 
-// rsLoRA's scaling 67 at rank 2 drives layer 1's attention scores to thousands, which bf16
-// holds to within units: softmax's exponent then moves by far more than the floor's first order
-// covers, and correct kernels drew a false alarm here (sample 390 of `gradscope sample --seed
-// 17`). Every check of such a layer is reported and not judged; the same layer with a modest
-// scaling is judged.
+// tests/data/attention-past-the-model.toml: rsLoRA's scaling 67 at rank 2 drives both layers'
+// attention scores to thousands, which bf16 holds to within units: softmax's exponent then moves
+// by far more than the floor's first order covers, and correct kernels drew a false alarm here
+// (sample 390 of `gradscope sample --seed 17`). Every check of such a layer is reported and not
+// judged; the same layers with a modest scaling are judged.
 TEST(Verdicts, AnAttentionPastTheFloorsModelIsNotJudged) {
   testing::TempDir dir;
-  const std::string fields = R"(kind = "layer"
-seed = 914697
-dtype = "bf16"
-bits = 2
-group_size = 64
-format = "gptq_v2"
-scales_dtype = "fp16"
-hidden = 64
-heads = 2
-kv_heads = 1
-intermediate = 64
-rank = 2
-batch = 2
-seq = 17
-position_offset = 4412
-)";
-  const auto ill = dir.write("ill.toml", fields + "alpha = 94.5\nrslora = true\n");
+  const std::string ill = std::string(GRADSCOPE_TEST_DATA_DIR) + "/attention-past-the-model.toml";
   const auto r = run_captured({"run", ill, "--json", dir.path("ill.json")});
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("/layer1/hidden/input.grad: cannot be judged: layer 1's attention is past "
@@ -167,7 +152,12 @@ position_offset = 4412
     ++checks;
   }
   EXPECT_EQ(checks, 32);
-  const auto modest = dir.write("modest.toml", fields + "alpha = 4.0\n");
+  std::ifstream in(ill);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string scaling = "alpha = 94.5\nrslora = true\n";
+  ASSERT_NE(text.find(scaling), std::string::npos) << ill;
+  const auto modest =
+      dir.write("modest.toml", text.replace(text.find(scaling), scaling.size(), "alpha = 4.0\n"));
   const auto m = run_captured({"run", modest, "--quiet"});
   EXPECT_EQ(m.code, 0) << m.out;
   EXPECT_NE(m.out.find("checks: 32 passed, 0 failed"), std::string::npos) << m.out;

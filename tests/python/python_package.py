@@ -168,33 +168,15 @@ def main(cases_dir):
           "registration as expected")
 
 
-_ILL_LAYER = """kind = "layer"
-seed = 914697
-dtype = "bf16"
-bits = 2
-group_size = 64
-format = "gptq_v2"
-scales_dtype = "fp16"
-hidden = 64
-heads = 2
-kv_heads = 1
-intermediate = 64
-rank = 2
-batch = 2
-seq = 17
-position_offset = 4412
-alpha = 94.5
-rslora = true
-"""
+_ILL_LAYER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                          "attention-past-the-model.toml")
 
 
 def _not_judged():
     from gradscope.check_module import ModelReport, ModuleResult
 
     with tempfile.TemporaryDirectory() as d:
-        ill, dy = os.path.join(d, "ill.toml"), os.path.join(d, "dy.toml")
-        with open(ill, "w") as f:
-            f.write(_ILL_LAYER)
+        ill, dy = _ILL_LAYER, os.path.join(d, "dy.toml")
         with open(dy, "w") as f:
             f.write('kind = "lora_w"\ndtype = "fp16"\nloss_scale = 1000000.0\n')
         try:
