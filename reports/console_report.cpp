@@ -76,7 +76,7 @@ void print_case(std::ostream& out, const CaseResult& r, const ConsoleOptions& op
   if (not_judged > 0) out << "  " << not_judged << " not judged";
   out << '\n';
   if (r.invalid()) {
-    out << "      not judged (exit 2): " << r.input_error << '\n';
+    out << "      not judged: " << r.input_error << '\n';
   } else if (r.is_unsupported()) {
     out << "      not run by the implementation under test: " << r.unsupported << '\n';
   } else if (r.checks.empty()) {
@@ -135,11 +135,7 @@ void print_summary(std::ostream& out, const RunReport& report) {
   if (not_judged) out << ", " << not_judged << " not judged";
   out << "\n";
   out << report.passed() << " passed, " << report.failed() << " failed";
-  // Exit 2 for cases not judged only where none failed (a verdict on prod outranks them).
-  if (report.invalid()) {
-    out << ", " << report.invalid() << " invalid (not judged"
-        << (report.failed() == 0 ? ": exit 2)" : ")");
-  }
+  if (report.invalid()) out << ", " << report.invalid() << " invalid (not judged)";
   if (report.unsupported()) {
     out << ", " << report.unsupported() << " unsupported by " << report.implementation.ns;
   }

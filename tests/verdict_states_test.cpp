@@ -85,7 +85,7 @@ alpha = 1000000.0
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("beyond fp16's largest finite value 65504"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 invalid (not judged: exit 2)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 invalid (not judged)"), std::string::npos) << r.out;
 }
 
 TEST(Verdicts, AnInputBeyondItsDtypeIsInvalid) {
@@ -169,6 +169,10 @@ TEST(Verdicts, AnAttentionPastTheFloorsModelIsNotJudged) {
   EXPECT_EQ(both.code, 1) << both.out;
   EXPECT_NE(both.out.find("0 passed, 1 failed, 1 invalid (not judged)\n"), std::string::npos)
       << both.out;
+  // --fail-fast stops at a failure, not at a case not judged.
+  const auto fast = run_captured({"run", ill, dir.path("w.toml"), "--quiet", "--fail-fast"});
+  EXPECT_EQ(fast.code, 1) << fast.out;
+  EXPECT_EQ(fast.out.find("--fail-fast: stopped"), std::string::npos) << fast.out;
 }
 
 // One layer past the model and one within it (sample 229 at seed 2026: sigma 17.8 and 0.66):

@@ -246,7 +246,9 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
     if (progress) std::fprintf(stderr, "\r\x1b[K");
     report::print_case(std::cout, report.cases.back(), console);
     std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
-    if (o.fail_fast && !report.cases.back().passed() && i + 1 < selected.size()) {
+    // A failure stops the run; a case not judged or declined does not (it is no verdict).
+    const std::string status = report.cases.back().status();
+    if (o.fail_fast && status == "fail" && i + 1 < selected.size()) {
       std::cout << "--fail-fast: stopped at the first failing case; " << selected.size() - i - 1
                 << " of " << selected.size() << " cases not run\n";
       break;
@@ -264,8 +266,9 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
 int exit_code(const report::RunReport& report, const ReportOptions& o) {
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
-  // A verdict on prod outranks a case the run could not judge (docs/cli.md, exit codes).
-  if (report.failed() > 0) return 1;
+  // A verdict on prod (a failure, a regression) outranks a case the run could not judge
+  // (docs/cli.md, exit codes).
+  if (report.failed() > 0 || regressions > 0) return 1;
   if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
   // Every case declined by the implementation under test: a gate that goes green having
   // compared nothing proves nothing.

@@ -198,10 +198,11 @@ def check(
     """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
 
     `filter` is a glob or a list of globs (a case is selected when one matches its id).
-    Raises GradscopeInputError when the run cannot judge its cases (exit 2: bad input, or
-    `impl` declined every case, unless allow_unsupported; with raise_on_invalid False, a case
-    whose checks ran but could not be judged, such as an attention past the floor's model, is
-    returned with status "invalid" instead) and, unless raise_on_failure is
+    Raises GradscopeInputError when the run cannot judge its cases (bad input, a case invalid
+    before any check ran, or `impl` declined every case, unless allow_unsupported; a case whose
+    checks ran but could not be judged, such as an attention past the floor's model, too
+    unless raise_on_invalid is False, which returns it with status "invalid") and, unless
+    raise_on_failure is
     False, AssertionError listing every failing check with its message and the command that
     replays the case.
     """
@@ -225,13 +226,15 @@ def check(
             raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
         with open(report) as f:
             data = json.load(f)
-        # Invalid cases whose checks ran (out of range, not judged) are results, where they are
-        # what the exit code says; an invalid case without checks, or a run that judged
-        # nothing (every case declined), is bad input.
+        # Exit 2 with no invalid case: nothing was judged (every case declined). An invalid
+        # case without checks is bad input; one whose checks ran but could not be judged is a
+        # result, raised after any failure unless raise_on_invalid is False.
         invalid = [c for c in data["cases"] if c["status"] == "invalid"]
-        judged_invalid = bool(invalid) and all(c["checks"] for c in invalid)
-        if code == 2 and (raise_on_invalid or not judged_invalid):
-            raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
+        bad_input = [c for c in invalid if not c["checks"]]
+        if (code == 2 and not invalid) or bad_input:
+            raise GradscopeInputError("\n".join(c["input_error"] for c in bad_input)
+                                      or (captured.err or captured.out).strip()
+                                      or f"exit code {code}")
     result = [
         Case(
             id=c["id"],
@@ -248,11 +251,16 @@ def check(
         for c in data["cases"]
     ]
     failing = [c for c in result if c.status == "fail"]
+    not_judged = [f"{c['id']}: not judged: {c['input_error']}" for c in invalid]
     if failing and raise_on_failure:
         lines = [f"{len(failing)} of {len(result)} gradscope cases failed (implementation {impl})"]
         for c in failing:
             lines += failure_lines(c)
+        if not_judged:
+            lines += [f"{len(not_judged)} more could not be judged:"] + not_judged
         raise AssertionError("\n".join(lines))
+    if not_judged and raise_on_invalid:
+        raise GradscopeInputError("\n".join(not_judged))
     return result
 
 

@@ -918,5 +918,7 @@ def check_model(
             [f"{len(report.not_judged)} of {len(report.modules)} modules could not be judged "
              "in some dtype (their checks say why):"]
             + [f"  {m.path}: {k.message}" for m in report.not_judged for c in m.cases
-               if c.status == "invalid" for k in c.checks[:1]] + ["", report.table()]))
+               if c.status == "invalid"
+               for k in [k for k in c.checks if k.status == "out_of_range"][:1]]
+            + ["", report.table()]))
     return report

@@ -173,6 +173,7 @@ _ILL_LAYER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dat
 
 
 def _not_judged():
+    from gradscope import api
     from gradscope.check_module import ModelReport, ModuleResult
 
     with tempfile.TemporaryDirectory() as d:
@@ -193,6 +194,25 @@ def _not_judged():
             raise RuntimeError("an input beyond its dtype returned")
         except gradscope.GradscopeInputError as e:
             assert "input dy reaches" in str(e), e
+        # A failing case beside one not judged (the run exits 1): the failure is raised, and
+        # names the case not judged; without raising, both come back.
+        both = dict(cases=[os.path.join(os.path.dirname(ill), "..", "..", "cases", "smoke",
+                                        "lora_w.toml"), ill],
+                    impl="plain_py_unscaled", imports=["plain_torch_impl"],
+                    filter=["lora_w.fp32.*r8*", "layer.*"])
+        try:
+            gradscope.check(**both)
+            raise RuntimeError("a failure beside a case not judged returned")
+        except AssertionError as e:
+            assert "1 more could not be judged:" in str(e), e
+            assert "s914697: not judged: " in str(e), e
+        returned = gradscope.check(**both, raise_on_failure=False, raise_on_invalid=False)
+        assert sorted({c.status for c in returned}) == ["fail", "invalid"], returned
+        lines = api.failure_lines(api.Case(id="c", kind="k", status="fail", replay="r", checks=[
+            api.Check(path="a", status="fail", message="bad", max_abs=1.0, limit=0.5),
+            api.Check(path="b", status="out_of_range", message="why", max_abs=1.0, limit=0.5)]))
+        assert lines == ["c:", "  bad", "  (1 more checks not judged: out of range, or past the "
+                         "floor's model)", "  replay: r"], lines
     report = ModelReport([ModuleResult("model.layers.0", "layer", [case])])
     table = report.table()
     assert report.passed and report.first_failure is None, table  # no failure ...
