@@ -11,6 +11,9 @@ Usage: model_command.py   (gradscope and tests/python on PYTHONPATH; peft, trans
    LoRA gradients); peft's zero lora_B gets a note instead, and a refusal under --end-to-end on.
 3. Bad input, exit 2 and nothing written: no such factory, a factory that is not a model or
    that raises, an output folder that does not exist, an unknown dtype.
+4. A module whose checks could not be judged (an attention past the floor's model) and none
+   failing: exit 2, the table's verdict "invalid", the JSON's not_judged and check statuses,
+   JUnit skips (no failures), "not judged" cells in the heatmap.
 """
 import contextlib
 import io
@@ -140,9 +143,36 @@ def main():
             rc, out = run_in_process(*args)
             assert rc == 2 and words in out, (args, rc, out)
             assert sorted(os.listdir(d)) == before, (args, os.listdir(d))
+        _not_judged(d)
     print("python -m gradscope model: a two-layer Llama passes (exit 0, JSON, heatmap); a bug in "
           "layer 1's down_proj is the first divergence (exit 1), by module and by layer, in JUnit "
           "and per-module dumps; end to end where the model allows it; thirteen bad inputs exit 2")
+
+
+def _not_judged(d):
+    from gradscope import model_command
+    from gradscope.check_module import ModelReport, ModuleResult
+
+    why = "cannot be judged: layer 0's attention is past the floor's model"
+    checks = [api.Check(path=f"c/layer0/{t}", status="out_of_range", message=why, max_abs=3.0,
+                        limit=1.0, name=t) for t in ("hidden.output", "q_proj.lora_A.grad")]
+    case = api.Case(id="layer.bf16.x", kind="layer", status="invalid", checks=checks,
+                    replay="r")
+    report = ModelReport([ModuleResult("model.layers.0", "layer", [case])])
+    j, h, x = (os.path.join(d, f"nj.{e}") for e in ("json", "html", "xml"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = model_command.main(["lora_models:tiny_llama", "--json", j, "--html", h,
+                                 "--junit", x], check=lambda *a, **k: report)
+    assert rc == 2, (rc, out.getvalue())
+    assert "invalid" in out.getvalue() and "(bf16 not judged)" in out.getvalue(), out.getvalue()
+    data = json.load(open(j))
+    assert data["not_judged"] == ["model.layers.0"] and data["first_divergence"] is None, data
+    assert {k["status"] for k in data["modules"][0]["cases"][0]["checks"]} == {"out_of_range"}
+    suite = ET.parse(x).getroot().find("testsuite")
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "2"), ET.tostring(suite)
+    page = open(h).read()
+    assert "not judged" in page and ">FAIL<" not in page, page[:800]
 
 
 if __name__ == "__main__":
