@@ -166,6 +166,39 @@ TEST(CompareRatio, ZeroGradientsAreFailures) {
                    .passed);
 }
 
+// Zeros where every exact value lies within its floor of zero are what a careful
+// implementation may return too (fp16's SwiGLU h underflowing for activations of 1e-6): the
+// check cannot be judged. One element past its floor, or a NaN floor, and zeros fail.
+TEST(CompareRatio, ZerosWithinTheFloorOfZeroCannotBeJudged) {
+  const auto zeros = at::zeros({4}, at::kDouble);
+  const auto ref = at::tensor({1e-10, -3e-10, 0.0, 2e-10}, at::kDouble);
+  auto in = ratio_inputs("p/down_proj/lora_A.grad", zeros, zeros, ref, 1e-10);  // floor 6e-10
+  auto c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_TRUE(c.out_of_range);
+  EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1}));  // the nearest to its floor
+  EXPECT_NE(c.failure.find("p/down_proj/lora_A.grad: cannot be judged: prod is all zero"),
+            std::string::npos)
+      << c.failure;
+  EXPECT_NE(c.failure.find("|ref| / floor 0.5"), std::string::npos) << c.failure;
+
+  in.ref = at::tensor({1e-10, -7e-10, 0.0, 2e-10}, at::kDouble);  // one past 6e-10
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_FALSE(c.out_of_range);
+  EXPECT_NE(c.failure.find("degenerate: prod is all zero"), std::string::npos) << c.failure;
+
+  in.ref = ref;
+  in.sigma = at::tensor({1e-10, std::nan(""), 1e-10, 1e-10}, at::kDouble);
+  c = compare_ratio(in);
+  EXPECT_FALSE(c.passed);
+  EXPECT_FALSE(c.out_of_range);
+
+  in.sigma = at::full_like(ref, 1e-10);  // a nonzero prod within its floors passes, as before
+  in.prod = ref * 0.5;
+  EXPECT_TRUE(compare_ratio(in).passed);
+}
+
 TEST(CompareRatio, ReportsWorstElementAndMismatchesUnderDefaultTolerances) {
   const auto ref = at::ones({2, 3}, at::kDouble);
   auto prod = ref.to(at::kFloat).clone();

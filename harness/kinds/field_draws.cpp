@@ -57,8 +57,15 @@ void lora(CaseDraw& d, bool dropout, bool flat_input, int64_t max_tokens) {
   d.set("seq", std::max<int64_t>(seq, 1));
   const bool realistic = d.chance(0.5);
   d.set("profile", realistic ? "realistic" : "unit");
-  if (d.chance(0.2)) d.set("x_scale", std::exp2(d.between(1, 6)));
-  if (d.chance(0.3)) d.set("loss_scale", d.pick<double>({8.0, 1024.0, 65536.0}));
+  const bool large_x = d.chance(0.2);
+  if (large_x) d.set("x_scale", std::exp2(d.between(1, 6)));
+  const bool large_dy = d.chance(0.3);
+  if (large_dy) d.set("loss_scale", d.pick<double>({8.0, 1024.0, 65536.0}));
+  // The lower edge of the range, which bf16 and fp32 hold as normal numbers and fp16 as
+  // subnormals or not at all. From a stream of its own: the draws above stay as they were.
+  CaseDraw small = d.substream("small_values");
+  if (small.chance(0.1) && !large_x) small.set("x_scale", std::exp2(-small.between(4, 19)));
+  if (small.chance(0.1) && !large_dy) small.set("loss_scale", small.pick<double>({0x1p-12, 1e-6}));
 }
 
 void decoder_shape(CaseDraw& d, int64_t bits) {

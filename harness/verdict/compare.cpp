@@ -365,6 +365,7 @@ enum class RatioOutcome {
   kNearOverflow,   // prod overflowed only within the floor of the boundary: the case's range
   kNotJudged,      // the floor's model does not hold here: the case's conditioning
   kDegenerate,     // prod is all zero where the exact value is not
+  kZerosInFloor,   // prod is all zero, the exact value within its floor of zero everywhere
   kOverLimit,      // the rule's limit is exceeded
 };
 
@@ -381,6 +382,7 @@ struct RatioJudgement {
   report::WorstElement first_left_out;
   double first_left_out_floor = 0;
   int64_t over = 0;  // elements over their own limit (max rule)
+  double ref_to_floor = 0;  // kZerosInFloor: the largest |ref| / floor, at check.worst
   double rtol = 0, atol = 0;
 };
 
@@ -544,6 +546,28 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   j.outcome = check.passed ? RatioOutcome::kPassed
               : degenerate ? RatioOutcome::kDegenerate
                            : RatioOutcome::kOverLimit;
+  // Zeros where every exact value lies within its floor of zero are what a careful
+  // implementation may return too (an intermediate that underflows in the case's dtypes): such
+  // a check cannot tell prod from a kernel that returns zeros, and the case is the cause
+  // (docs/verification.md, "Verdict states"). A NaN floor is no such bound.
+  if (degenerate && check.numel > 0) {
+    int64_t argmax = -1;
+    for (int64_t i = 0; i < check.numel; ++i) {
+      const double r = std::abs(elements.ref[i]), floor = elements.sigma[i] * kFloorSigmas;
+      if (!(r <= floor)) {
+        argmax = -1;
+        break;
+      }
+      const double share = r > 0 ? r / floor : 0.0;
+      if (argmax < 0 || share > j.ref_to_floor) j.ref_to_floor = share, argmax = i;
+    }
+    if (argmax >= 0) {
+      check.out_of_range = true;
+      check.worst = element_at(argmax, prod, base, ref);
+      check.floor = elements.sigma[argmax] * kFloorSigmas;
+      j.outcome = RatioOutcome::kZerosInFloor;
+    }
+  }
   if (j.left_out > 0) {
     const std::string left =
         std::to_string(j.left_out) + " element" + (j.left_out == 1 ? "" : "s") +
@@ -642,6 +666,18 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
                                              : check.baseline_max_abs.value_or(0))
           << ", error / limit as if judged " << format_exact(check.error_to_limit.value_or(0));
       return msg.str();
+    case RatioOutcome::kZerosInFloor: {
+      const auto& w = *check.worst;
+      msg << path << ": cannot be judged: prod is all zero, and every element of the exact "
+          << "value lies within a careful implementation's rounding of zero (the nearest to its "
+          << "floor at index " << format_index(w.index) << ": ref " << format_exact(w.ref)
+          << ", floor " << format_exact(*check.floor) << ", |ref| / floor "
+          << format_exact(j.ref_to_floor) << "; max |ref| " << format_exact(j.ref_max)
+          << "), so such an implementation may return zeros too: an intermediate underflows "
+             "in the case's dtypes; the case, not the kernel (raise x_scale or loss_scale, or "
+             "widen the dtype)";
+      return msg.str();
+    }
     case RatioOutcome::kDegenerate:
       msg << path << ": degenerate: prod is all zero where the exact value is not (max |ref| "
           << format_exact(j.ref_max) << "; a zero gradient is a failure, not a pass)";

@@ -13,6 +13,11 @@ tests/python/tail_and_pair_bugs.py too:
                       this): invisible where inputs are continuous (it must pass the smoke
                       lora_w and qkv files), caught where a projection's input holds exact
                       zeros: smoke/range_zero_inputs.toml, and the MLP's h in fp16/bf16
+  bf16_via_fp16       bf16 activations cast to fp16 for the base GEMM and back (an fp16-only
+                      kernel behind a cast), forward and, through autograd, dX: fp16's 11-bit
+                      significand is finer than bf16's, so it passes ordinary values (the smoke
+                      lora_w and mlp files) and fails where bf16 holds what fp16 cannot: values
+                      of 1e-6 (smoke/range_small_values.toml)
 """
 import math
 
@@ -22,7 +27,7 @@ import gradscope
 from plain_torch_impl import make_lora_mlp, make_lora_qkv, unpack_gptq
 
 BUGS = ("no_dropout_rescale", "ignore_rslora", "v2_as_v1", "adapter_in_x_dtype",
-        "mask_from_zeros")
+        "mask_from_zeros", "bf16_via_fp16")
 
 
 class _GradWhereNonzero(torch.autograd.Function):
@@ -45,7 +50,11 @@ def make_lora_w(bug):
         qweight, qzeros, scales, g_idx, lora_a, lora_b = proj[:6]
         if bug == "v2_as_v1":
             zero_format = "gptq"
-        y = x @ unpack_gptq(qweight, qzeros, scales, g_idx, bits, zero_format).to(x.dtype)
+        w = unpack_gptq(qweight, qzeros, scales, g_idx, bits, zero_format).to(x.dtype)
+        if bug == "bf16_via_fp16" and x.dtype == torch.bfloat16:
+            y = (x.to(torch.float16) @ w.to(torch.float16)).to(x.dtype)
+        else:
+            y = x @ w
         if len(proj) == 7:
             y = y + proj[6]
         r = lora_a.shape[0]
@@ -106,12 +115,15 @@ def main(cases_dir, device_args=()):
 
     files = smoke("lora_w", "lora_w_variants", "mlp_formats", "realistic_lora",
                   "range_adapter_grads")
-    runs = [(bug, "third_party_bugs", files, 1, ()) for bug in BUGS]
+    runs = [(bug, "third_party_bugs", files, 1, ()) for bug in BUGS if bug != "bf16_via_fp16"]
     # Continuous inputs hide it (the MLP's h is no such input: its fp16/bf16 products underflow
     # to exact zeros, and the files above catch the bug there)...
     runs.append(("mask_from_zeros", "third_party_bugs", smoke("lora_w", "qkv"), 0, ()))
     # ... and activations with exact zeros show it.
     runs.append(("mask_from_zeros", "third_party_bugs", smoke("range_zero_inputs"), 1, ()))
+    # Ordinary bf16 values hide an fp16 intermediate; values below fp16's range show it.
+    runs.append(("bf16_via_fp16", "third_party_bugs", smoke("lora_w", "mlp"), 0, ()))
+    runs.append(("bf16_via_fp16", "third_party_bugs", smoke("range_small_values"), 1, ()))
     # The tail and type-pair bugs: the whole smoke suite, stopping at the first failing case,
     # and the same implementation without a bug passes the files written for them.
     import tail_and_pair_bugs
