@@ -381,7 +381,7 @@ struct RatioJudgement {
   int64_t left_out = 0;
   report::WorstElement first_left_out;
   double first_left_out_floor = 0;
-  int64_t over = 0;  // elements over their own limit (max rule)
+  int64_t over = 0;         // elements over their own limit (max rule)
   double ref_to_floor = 0;  // kZerosInFloor: the largest |ref| / floor, at check.worst
   double rtol = 0, atol = 0;
 };
