@@ -77,7 +77,7 @@ has_step gpu_whole && run gpu_whole python3 scripts/peak-rss.py "$BUILD_DIR/grad
 if has_step bugs; then
   # The third-party bugs (tests/python/third_party_bugs.py, tail_and_pair_bugs.py) through the
   # Python package, every run on CUDA: each must fail, the correct namespace pass.
-  PYTHONPATH=$PWD/$BUILD_DIR/python:$PWD/tests/python run bugs_cuda \
+  PYTHONPATH=$PWD/$BUILD_DIR/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH} run bugs_cuda \
     python3 tests/python/third_party_bugs.py cases --device cuda
 fi
 if has_step fsdp; then

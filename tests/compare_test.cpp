@@ -166,9 +166,10 @@ TEST(CompareRatio, ZeroGradientsAreFailures) {
                    .passed);
 }
 
-// Zeros where every exact value lies within its floor of zero are what a careful
-// implementation may return too (fp16's SwiGLU h underflowing for activations of 1e-6): the
-// check cannot be judged. One element past its floor, or a NaN floor, and zeros fail.
+// Zeros, prod's and the baseline's, where every exact value lies within its own floor of zero
+// are what a careful implementation returns (fp16's SwiGLU h underflowing for activations of
+// 1e-6): the check cannot be judged. One element past its floor, a NaN or infinite floor, a
+// baseline that is not zero, or a layer the floor's model does not cover, and zeros fail.
 TEST(CompareRatio, ZerosWithinTheFloorOfZeroCannotBeJudged) {
   const auto zeros = at::zeros({4}, at::kDouble);
   const auto ref = at::tensor({1e-10, -3e-10, 0.0, 2e-10}, at::kDouble);
@@ -176,26 +177,42 @@ TEST(CompareRatio, ZerosWithinTheFloorOfZeroCannotBeJudged) {
   auto c = compare_ratio(in);
   EXPECT_FALSE(c.passed);
   EXPECT_TRUE(c.out_of_range);
-  EXPECT_EQ(c.worst->index, (std::vector<int64_t>{1}));  // the nearest to its floor
-  EXPECT_NE(c.failure.find("p/down_proj/lora_A.grad: cannot be judged: prod is all zero"),
+  EXPECT_NE(c.failure.find("p/down_proj/lora_A.grad: cannot be judged: prod and the baseline are "
+                           "all zero"),
             std::string::npos)
       << c.failure;
+  // The element nearest its own floor is named, with the ratio.
+  EXPECT_NE(c.failure.find("at index (1): ref -3e-10"), std::string::npos) << c.failure;
   EXPECT_NE(c.failure.find("|ref| / floor 0.5"), std::string::npos) << c.failure;
 
-  in.ref = at::tensor({1e-10, -7e-10, 0.0, 2e-10}, at::kDouble);  // one past 6e-10
-  c = compare_ratio(in);
-  EXPECT_FALSE(c.passed);
-  EXPECT_FALSE(c.out_of_range);
-  EXPECT_NE(c.failure.find("degenerate: prod is all zero"), std::string::npos) << c.failure;
+  const auto fails_as_degenerate = [](const RatioInputs& i) {
+    const auto d = compare_ratio(i);
+    EXPECT_FALSE(d.passed);
+    EXPECT_FALSE(d.out_of_range);
+    EXPECT_NE(d.failure.find("degenerate: prod is all zero"), std::string::npos) << d.failure;
+  };
+  auto past = in;  // one element past its floor of 6e-10
+  past.ref = at::tensor({1e-10, -7e-10, 0.0, 2e-10}, at::kDouble);
+  fails_as_degenerate(past);
+  auto per_element = in;  // per element: a large value within its large floor passes, a small
+  per_element.ref = at::tensor({1e-3, 2e-10, 0.0, 0.0}, at::kDouble);  // one past its small one
+  per_element.sigma = at::tensor({1e-3, 1e-11, 1e-11, 1e-11}, at::kDouble);
+  fails_as_degenerate(per_element);
+  per_element.ref = at::tensor({1e-3, 6e-11, 0.0, 0.0}, at::kDouble);  // exactly at its floor
+  EXPECT_TRUE(compare_ratio(per_element).out_of_range);
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    auto unbounded = in;
+    unbounded.sigma = at::tensor({1e-10, bad, 1e-10, 1e-10}, at::kDouble);
+    fails_as_degenerate(unbounded);
+  }
+  auto base_kept = in;  // the baseline keeps what prod flushed
+  base_kept.base = at::tensor({0.0, -3e-10, 0.0, 0.0}, at::kDouble);
+  fails_as_degenerate(base_kept);
+  auto not_covered = in;
+  not_covered.not_judged = "layer 1's attention is past the floor's model";
+  fails_as_degenerate(not_covered);
 
-  in.ref = ref;
-  in.sigma = at::tensor({1e-10, std::nan(""), 1e-10, 1e-10}, at::kDouble);
-  c = compare_ratio(in);
-  EXPECT_FALSE(c.passed);
-  EXPECT_FALSE(c.out_of_range);
-
-  in.sigma = at::full_like(ref, 1e-10);  // a nonzero prod within its floors passes, as before
-  in.prod = ref * 0.5;
+  in.prod = ref * 0.5;  // a nonzero prod within its floors passes, as before
   EXPECT_TRUE(compare_ratio(in).passed);
 }
 

@@ -164,6 +164,25 @@ TEST(Refusals, AZeroReferenceIsNotJudgedNotAFalseAlarm) {
   EXPECT_EQ(cli({"run", c, "--quiet"}).code, 0);
 }
 
+// fp16 activations of 1e-6: SwiGLU's h (~1e-13) underflows, so prod and the baseline return zero
+// gradients for the down projection's adapters, far inside their floors. Not judged, not a false
+// alarm; bf16 holds h, and the same case passes.
+TEST(Refusals, ZerosACarefulImplementationReturnsAreNotJudged) {
+  TempDir dir;
+  const std::string mlp =
+      "kind = \"mlp\"\nhidden = 64\nintermediate = 128\nbatch = 1\nseq = 8\nx_scale = 1e-6\n";
+  const auto c = dir.write("c.toml", mlp + "dtype = \"fp16\"\n");
+  const auto r = cli({"run", c, "--quiet"});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("down_proj/lora_A.grad: cannot be judged: prod and the baseline are all "
+                       "zero"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  0 failed"), std::string::npos) << r.out;
+  const auto b = dir.write("b.toml", mlp + "dtype = \"bf16\"\n");
+  EXPECT_EQ(cli({"run", b, "--quiet"}).code, 0);
+}
+
 TEST(Refusals, IntegersThatDoNotFitAreRefusedNotNarrowed) {
   TempDir dir;
   const auto ckpt = export_checkpoint(dir, "ck");

@@ -365,7 +365,7 @@ enum class RatioOutcome {
   kNearOverflow,   // prod overflowed only within the floor of the boundary: the case's range
   kNotJudged,      // the floor's model does not hold here: the case's conditioning
   kDegenerate,     // prod is all zero where the exact value is not
-  kZerosInFloor,   // prod is all zero, the exact value within its floor of zero everywhere
+  kZerosInFloor,   // prod and base all zero, the exact value within its floor of zero
   kOverLimit,      // the rule's limit is exceeded
 };
 
@@ -381,8 +381,10 @@ struct RatioJudgement {
   int64_t left_out = 0;
   report::WorstElement first_left_out;
   double first_left_out_floor = 0;
-  int64_t over = 0;         // elements over their own limit (max rule)
-  double ref_to_floor = 0;  // kZerosInFloor: the largest |ref| / floor, at check.worst
+  int64_t over = 0;  // elements over their own limit (max rule)
+  // kZerosInFloor: the element whose exact value is nearest its floor, that floor and the ratio.
+  report::WorstElement nearest_floor;
+  double nearest_floor_value = 0, ref_to_floor = 0;
   double rtol = 0, atol = 0;
 };
 
@@ -546,25 +548,28 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   j.outcome = check.passed ? RatioOutcome::kPassed
               : degenerate ? RatioOutcome::kDegenerate
                            : RatioOutcome::kOverLimit;
-  // Zeros where every exact value lies within its floor of zero are what a careful
-  // implementation may return too (an intermediate that underflows in the case's dtypes): such
-  // a check cannot tell prod from a kernel that returns zeros, and the case is the cause
-  // (docs/verification.md, "Verdict states"). A NaN floor is no such bound.
-  if (degenerate && check.numel > 0) {
-    int64_t argmax = -1;
+  // Zeros where every exact value lies within its finite floor of zero, and the baseline's
+  // zeros too, are what a careful implementation returns (an intermediate that underflows in the
+  // case's dtypes): such a check cannot tell prod from a kernel that returns zeros, and the case
+  // is the cause (docs/verification.md, "Verdict states"). Not where the floor's model does not
+  // hold (not_judged): there its floors bound nothing, and zeros still fail.
+  if (degenerate && check.numel > 0 && in.not_judged.empty() && j.base_non_finite == 0) {
+    int64_t nearest = -1;
+    double share_max = 0;
     for (int64_t i = 0; i < check.numel; ++i) {
       const double r = std::abs(elements.ref[i]), floor = elements.sigma[i] * kFloorSigmas;
-      if (!(r <= floor)) {
-        argmax = -1;
+      if (!(r <= floor) || !std::isfinite(floor) || elements.base[i] != 0) {
+        nearest = -1;
         break;
       }
       const double share = r > 0 ? r / floor : 0.0;
-      if (argmax < 0 || share > j.ref_to_floor) j.ref_to_floor = share, argmax = i;
+      if (nearest < 0 || share > share_max) share_max = share, nearest = i;
     }
-    if (argmax >= 0) {
+    if (nearest >= 0) {
       check.out_of_range = true;
-      check.worst = element_at(argmax, prod, base, ref);
-      check.floor = elements.sigma[argmax] * kFloorSigmas;
+      j.nearest_floor = element_at(nearest, prod, base, ref);
+      j.nearest_floor_value = elements.sigma[nearest] * kFloorSigmas;
+      j.ref_to_floor = share_max;
       j.outcome = RatioOutcome::kZerosInFloor;
     }
   }
@@ -667,15 +672,15 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
           << ", error / limit as if judged " << format_exact(check.error_to_limit.value_or(0));
       return msg.str();
     case RatioOutcome::kZerosInFloor: {
-      const auto& w = *check.worst;
-      msg << path << ": cannot be judged: prod is all zero, and every element of the exact "
-          << "value lies within a careful implementation's rounding of zero (the nearest to its "
-          << "floor at index " << format_index(w.index) << ": ref " << format_exact(w.ref)
-          << ", floor " << format_exact(*check.floor) << ", |ref| / floor "
-          << format_exact(j.ref_to_floor) << "; max |ref| " << format_exact(j.ref_max)
-          << "), so such an implementation may return zeros too: an intermediate underflows "
-             "in the case's dtypes; the case, not the kernel (raise x_scale or loss_scale, or "
-             "widen the dtype)";
+      const auto& w = j.nearest_floor;
+      msg << path << ": cannot be judged: prod and the baseline are all zero, and every element "
+          << "of the exact value lies within a careful implementation's rounding of zero (the "
+          << "nearest to its floor at index " << format_index(w.index) << ": ref "
+          << format_exact(w.ref) << ", floor " << format_exact(j.nearest_floor_value)
+          << ", |ref| / floor " << format_exact(j.ref_to_floor) << "; max |ref| "
+          << format_exact(j.ref_max)
+          << "): an intermediate underflows in the case's dtypes; the case, not the kernel "
+             "(raise x_scale or loss_scale, or widen the dtype)";
       return msg.str();
     }
     case RatioOutcome::kDegenerate:
