@@ -12,8 +12,8 @@
 namespace gradscope::cuda {
 
 // The largest rank the kernels take; a larger one stays on the ATen path. At rank 64 the
-// kernels' fp32 work per element made the fused ops 0.80-1.02x as fast as the ATen path on
-// the H200, at ranks 16 and 32 1.05-1.74x (docs/performance.md).
+// kernels' fp32 work per element makes the fused ops no faster than the ATen path, while at
+// ranks 16 and 32 they are faster (docs/performance.md, "Fused LoRA ops").
 constexpr int kAdapterMaxRank = 32;
 
 // An fp32 matrix W(j, k), j < rank, k < features, read at data[j * stride_j + k * stride_k]:
