@@ -184,6 +184,11 @@ TEST(CompareRatio, ZerosWithinTheFloorOfZeroCannotBeJudged) {
   // The element nearest its own floor is named, with the ratio.
   EXPECT_NE(c.failure.find("at index (1): ref -3e-10"), std::string::npos) << c.failure;
   EXPECT_NE(c.failure.find("|ref| / floor 0.5"), std::string::npos) << c.failure;
+  auto nearest = in;  // nearest its own floor, not the largest |ref|: element 3 (1/3), not 1
+  nearest.sigma = at::tensor({1e-10, 1e-9, 1e-10, 1e-10}, at::kDouble);
+  const auto n = compare_ratio(nearest);
+  EXPECT_TRUE(n.out_of_range);
+  EXPECT_NE(n.failure.find("at index (3): ref 2e-10"), std::string::npos) << n.failure;
 
   const auto fails_as_degenerate = [](const RatioInputs& i) {
     const auto d = compare_ratio(i);
