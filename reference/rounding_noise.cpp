@@ -285,6 +285,10 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   g.dB = product_variance({dy, Op::kTransposed, var_dy.size() > 0 ? &var_dy : nullptr, &dy2},
                           {xa, Op::kPlain, &forward.xa}, grads.dB, unscale(s), acc, s2);
   add_by_rows(g.dB, rounding_variance(grads.dB, ad) + rounding_variance(grads.dB, p_.adapter));
+  // Both shares are held in the activation format before they are added (as peft's autograd
+  // does): either may overflow where their sum does not.
+  store(name + "/input.grad.base", dx_base);
+  store(name + "/input.grad.adapter", term);
   store(name + "/input.grad", grads.dx);
   return g;
 }
@@ -951,18 +955,23 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   const auto sg =
       swiglu_backward_variance(t.mlp.e, t.mlp.g, grads.down.dx, f.e, f.g, n.down.dx, act, acc, 2.0);
   store(name + "/mlp/dh", grads.down.dx);
+  store(name + "/mlp/dg", sg.dg);
+  store(name + "/mlp/de", sg.de);
   n.up =
       lora_backward(t.n2, f.n2, sg.dg, sg.var_dg, l.up, none, f.fup, grads.up, name + "/up_proj");
   n.gate = lora_backward(t.n2, f.n2, sg.de, sg.var_de, l.gate, none, f.fgate, grads.gate,
                          name + "/gate_proj");
   const Matrix dn2 = grads.up.dx + grads.gate.dx;
   const Matrix var_dn2 = n.up.dx + n.gate.dx + rounding_variance(dn2, act);
+  store(name + "/post_attention_norm.grad", dn2);
 
   // dh = dy + RMSNorm'(h) dn2.
-  const Matrix dh = dy + rmsnorm_backward(t.h, dn2, l.post_attention_norm);
+  const Matrix dh_norm = rmsnorm_backward(t.h, dn2, l.post_attention_norm);
+  const Matrix dh = dy + dh_norm;
   const Matrix var_dh =
       rmsnorm_backward_variance(t.h, f.h, dn2, var_dn2, l.post_attention_norm, act, acc) +
       rounding_variance(dh - dy, act) + rounding_variance(dh, act);
+  store(name + "/post_attention_norm.backward", dh_norm);
   store(name + "/residual.grad", dh);
   n.o = lora_backward(t.attn, f.attn, dh, var_dh, l.o, none, f.fo, grads.o, name + "/o_proj");
 
@@ -972,19 +981,28 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   const Matrix &dq_rot = at.dq_value, &dk_rot = at.dk_value, &dv = at.dv_value;
   const Matrix &var_dq_rot = at.dq, &var_dk_rot = at.dk, &var_dv = at.dv;
   store(name + "/attention.grad", dq_rot);
+  store(name + "/attention.grad", dk_rot);
+  store(name + "/attention.grad", dv);
   // Through the rotary embedding's transpose.
   const Matrix dq = rope_backward(dq_rot, s, s.heads), dk = rope_backward(dk_rot, s, s.kv_heads);
+  store(name + "/rope.grad", dq);
+  store(name + "/rope.grad", dk);
   const Matrix var_dq = rope_variance(dq_rot, var_dq_rot, s, s.heads, -1.0, act, acc);
   const Matrix var_dk = rope_variance(dk_rot, var_dk_rot, s, s.kv_heads, -1.0, act, acc);
   n.q = lora_backward(t.n1, f.n1, dq, var_dq, l.q, none, f.fq, grads.q, name + "/q_proj");
   n.k = lora_backward(t.n1, f.n1, dk, var_dk, l.k, none, f.fk, grads.k, name + "/k_proj");
   n.v = lora_backward(t.n1, f.n1, dv, var_dv, l.v, none, f.fv, grads.v, name + "/v_proj");
-  const Matrix dn1 = grads.q.dx + grads.k.dx + grads.v.dx;
-  const Matrix var_dn1 = n.q.dx + n.k.dx + n.v.dx +
-                         rounding_variance(grads.q.dx + grads.k.dx, act) +
-                         rounding_variance(dn1, act);
+  const Matrix dqk = grads.q.dx + grads.k.dx;
+  const Matrix dn1 = dqk + grads.v.dx;
+  const Matrix var_dn1 =
+      n.q.dx + n.k.dx + n.v.dx + rounding_variance(dqk, act) + rounding_variance(dn1, act);
+  // Every sum the model rounds to the activation format is held there: each may overflow.
+  store(name + "/input_norm.grad", dqk);
+  store(name + "/input_norm.grad", dn1);
+  const Matrix dx_norm = grads.dx - dh;
+  store(name + "/input_norm.backward", dx_norm);
   n.dx = var_dh + rmsnorm_backward_variance(x, exact, dn1, var_dn1, l.input_norm, act, acc) +
-         rounding_variance(grads.dx - dh, act) + rounding_variance(grads.dx, act);
+         rounding_variance(dx_norm, act) + rounding_variance(grads.dx, act);
   return n;
 }
 

@@ -129,6 +129,31 @@ TEST(Verdicts, AnOutputInTheWrongDtypeFails) {
       << r.out;
 }
 
+// tests/data/layer-backward-sum-overflows.toml: the sum of two projections' input gradients
+// that a careful fp16 implementation holds in fp16 (each share in range, the sum not) overflows,
+// and prod's and the baseline's input gradients are NaN. The floor's model records that sum, so
+// the case is out of range, not a false alarm (sample 5 of `gradscope sample --seed 424242`);
+// with a smaller loss scale the layer is judged and passes.
+TEST(Verdicts, ABackwardSumACarefulImplementationOverflowsIsOutOfRange) {
+  testing::TempDir dir;
+  const std::string file =
+      std::string(GRADSCOPE_TEST_DATA_DIR) + "/layer-backward-sum-overflows.toml";
+  const auto r = run_captured({"run", file, "--quiet"});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("a careful implementation overflows too (its "
+                       "layer0/post_attention_norm.grad reaches 6.758e+04 > fp16 max 65504)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("checks: 7 passed, 0 failed, 9 not judged"), std::string::npos) << r.out;
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string scale = "loss_scale = 1024.0\n";
+  ASSERT_NE(text.find(scale), std::string::npos) << file;
+  const auto calm =
+      dir.write("calm.toml", text.replace(text.find(scale), scale.size(), "loss_scale = 1.0\n"));
+  EXPECT_EQ(run_captured({"run", calm, "--quiet"}).code, 0);
+}
+
 // tests/data/attention-past-the-model.toml: rsLoRA's scaling 67 at rank 2 drives both layers'
 // attention scores to thousands, which bf16 holds to within units: softmax's exponent then moves
 // by far more than the floor's first order covers, and correct kernels drew a false alarm here

@@ -365,7 +365,7 @@ enum class RatioOutcome {
   kNearOverflow,   // prod overflowed only within the floor of the boundary: the case's range
   kNotJudged,      // the floor's model does not hold here: the case's conditioning
   kDegenerate,     // prod is all zero where the exact value is not
-  kZerosInFloor,   // prod and base all zero, the exact value within its floor of zero
+  kZerosInFloor,   // prod is all zero, the exact value within its floor of zero everywhere
   kOverLimit,      // the rule's limit is exceeded
 };
 
@@ -548,17 +548,18 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   j.outcome = check.passed ? RatioOutcome::kPassed
               : degenerate ? RatioOutcome::kDegenerate
                            : RatioOutcome::kOverLimit;
-  // Zeros where every exact value lies within its finite floor of zero, and the baseline's
-  // zeros too, are what a careful implementation returns (an intermediate that underflows in the
-  // case's dtypes): such a check cannot tell prod from a kernel that returns zeros, and the case
-  // is the cause (docs/verification.md, "Verdict states"). Not where the floor's model does not
-  // hold (not_judged): there its floors bound nothing, and zeros still fail.
-  if (degenerate && check.numel > 0 && in.not_judged.empty() && j.base_non_finite == 0) {
+  // Zeros where every exact value lies within its finite floor of zero are a result a careful
+  // implementation may return (an intermediate that underflows in the case's dtypes): such a
+  // check cannot tell prod from a kernel that returns zeros, and the case is the cause
+  // (docs/verification.md, "Verdict states"). The baseline is one careful implementation, not
+  // the test: its rounding may land on subnormals where another's lands on zero. Not where the
+  // floor's model does not hold (not_judged): there its floors bound nothing, and zeros fail.
+  if (degenerate && check.numel > 0 && in.not_judged.empty()) {
     int64_t nearest = -1;
     double share_max = 0;
     for (int64_t i = 0; i < check.numel; ++i) {
       const double r = std::abs(elements.ref[i]), floor = elements.sigma[i] * kFloorSigmas;
-      if (!(r <= floor) || !std::isfinite(floor) || elements.base[i] != 0) {
+      if (!(r <= floor) || !std::isfinite(floor)) {
         nearest = -1;
         break;
       }
@@ -673,14 +674,14 @@ std::string ratio_message(const RatioInputs& in, const RatioJudgement& j) {
       return msg.str();
     case RatioOutcome::kZerosInFloor: {
       const auto& w = j.nearest_floor;
-      msg << path << ": cannot be judged: prod and the baseline are all zero, and every element "
-          << "of the exact value lies within a careful implementation's rounding of zero (the "
-          << "nearest to its floor at index " << format_index(w.index) << ": ref "
-          << format_exact(w.ref) << ", floor " << format_exact(j.nearest_floor_value)
-          << ", |ref| / floor " << format_exact(j.ref_to_floor) << "; max |ref| "
-          << format_exact(j.ref_max)
-          << "): an intermediate underflows in the case's dtypes; the case, not the kernel "
-             "(raise x_scale or loss_scale, or widen the dtype)";
+      msg << path << ": cannot be judged: prod is all zero, and every element of the exact "
+          << "value lies within a careful implementation's rounding of zero (the nearest to its "
+          << "floor at index " << format_index(w.index) << ": ref " << format_exact(w.ref)
+          << ", floor " << format_exact(j.nearest_floor_value) << ", |ref| / floor "
+          << format_exact(j.ref_to_floor) << "; max |ref| " << format_exact(j.ref_max)
+          << "), which such an implementation may return where an intermediate underflows in "
+             "the case's dtypes; the case, not the kernel (raise x_scale or loss_scale, or widen "
+             "the dtype)";
       return msg.str();
     }
     case RatioOutcome::kDegenerate:
