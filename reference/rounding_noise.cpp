@@ -287,9 +287,9 @@ ProjectionGradsNoise RoundingNoise::lora_backward(const Matrix& x, const Matrix&
   add_by_rows(g.dB, rounding_variance(grads.dB, ad) + rounding_variance(grads.dB, p_.adapter));
   // Both shares are held in the activation format before they are added (as peft's autograd
   // does): either may overflow where their sum does not.
+  store(name + "/input.grad", grads.dx);
   store(name + "/input.grad.base", dx_base);
   store(name + "/input.grad.adapter", term);
-  store(name + "/input.grad", grads.dx);
   return g;
 }
 
@@ -981,12 +981,12 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   const Matrix &dq_rot = at.dq_value, &dk_rot = at.dk_value, &dv = at.dv_value;
   const Matrix &var_dq_rot = at.dq, &var_dk_rot = at.dk, &var_dv = at.dv;
   store(name + "/attention.grad", dq_rot);
-  store(name + "/attention.grad", dk_rot);
-  store(name + "/attention.grad", dv);
+  store(name + "/attention.grad.k", dk_rot);
+  store(name + "/attention.grad.v", dv);
   // Through the rotary embedding's transpose.
   const Matrix dq = rope_backward(dq_rot, s, s.heads), dk = rope_backward(dk_rot, s, s.kv_heads);
-  store(name + "/rope.grad", dq);
-  store(name + "/rope.grad", dk);
+  store(name + "/rope.grad.q", dq);
+  store(name + "/rope.grad.k", dk);
   const Matrix var_dq = rope_variance(dq_rot, var_dq_rot, s, s.heads, -1.0, act, acc);
   const Matrix var_dk = rope_variance(dk_rot, var_dk_rot, s, s.kv_heads, -1.0, act, acc);
   n.q = lora_backward(t.n1, f.n1, dq, var_dq, l.q, none, f.fq, grads.q, name + "/q_proj");
@@ -997,8 +997,8 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   const Matrix var_dn1 =
       n.q.dx + n.k.dx + n.v.dx + rounding_variance(dqk, act) + rounding_variance(dn1, act);
   // Every sum the model rounds to the activation format is held there: each may overflow.
-  store(name + "/input_norm.grad", dqk);
   store(name + "/input_norm.grad", dn1);
+  store(name + "/input_norm.grad.qk", dqk);
   const Matrix dx_norm = grads.dx - dh;
   store(name + "/input_norm.backward", dx_norm);
   n.dx = var_dh + rmsnorm_backward_variance(x, exact, dn1, var_dn1, l.input_norm, act, acc) +

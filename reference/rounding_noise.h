@@ -169,10 +169,11 @@ class RoundingNoise {
                       std::vector<ScoreError>* scores = nullptr);
 
   const std::vector<StoredValue>& stored() const { return stored_; }
+  // Records the largest |v| of an intermediate held in the activation format (also for sums a
+  // caller composes from these results, such as a fused op's partial sums of dX).
+  void store(const std::string& name, const Matrix& v);
 
  private:
-  // Records the largest |v| of an intermediate held in the activation format.
-  void store(const std::string& name, const Matrix& v);
   // The activation path of a layer, forward, with its tape's variances.
   struct LayerForward;
   LayerForward layer_forward(const LayerTape& tape, const Matrix& x, const Matrix& var_x,
