@@ -996,7 +996,7 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   const Matrix dn1 = dqk + grads.v.dx;
   const Matrix var_dn1 =
       n.q.dx + n.k.dx + n.v.dx + rounding_variance(dqk, act) + rounding_variance(dn1, act);
-  // Every sum the model rounds to the activation format is held there: each may overflow.
+  // The sums the model rounds to the activation format are held there: each may overflow.
   store(name + "/input_norm.grad", dn1);
   store(name + "/input_norm.grad.qk", dqk);
   const Matrix dx_norm = grads.dx - dh;
