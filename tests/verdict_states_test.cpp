@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <iterator>
 #include <map>
 
 #include "cli_capture.h"
@@ -22,6 +21,17 @@ using testing::run_captured;
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
+}
+
+// The case file `path` with its text `field` (which must be there) replaced by `with`, written
+// into `dir` as `name`.
+std::string with_field(testing::TempDir& dir, const std::string& path, const std::string& name,
+                       const std::string& field, const std::string& with) {
+  std::string text = testing::read_file(path);
+  const auto at = text.find(field);
+  EXPECT_NE(at, std::string::npos) << path << " has no \"" << field << "\"";
+  if (at == std::string::npos) return path;
+  return dir.write(name, text.replace(at, field.size(), with));
 }
 
 const nlohmann::json* find_check(const nlohmann::json& report, const std::string& suffix) {
@@ -145,12 +155,8 @@ TEST(Verdicts, ABackwardSumACarefulImplementationOverflowsIsOutOfRange) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find(" 0 failed, "), std::string::npos) << r.out;
-  std::ifstream in(file);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string scale = "loss_scale = 1024.0\n";
-  ASSERT_NE(text.find(scale), std::string::npos) << file;
   const auto calm =
-      dir.write("calm.toml", text.replace(text.find(scale), scale.size(), "loss_scale = 1.0\n"));
+      with_field(dir, file, "calm.toml", "loss_scale = 1024.0\n", "loss_scale = 1.0\n");
   EXPECT_EQ(run_captured({"run", calm, "--quiet"}).code, 0);
 }
 
@@ -177,12 +183,8 @@ TEST(Verdicts, AnAttentionPastTheFloorsModelIsNotJudged) {
     ++checks;
   }
   EXPECT_EQ(checks, 32);
-  std::ifstream in(ill);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string scaling = "alpha = 94.5\nrslora = true\n";
-  ASSERT_NE(text.find(scaling), std::string::npos) << ill;
   const auto modest =
-      dir.write("modest.toml", text.replace(text.find(scaling), scaling.size(), "alpha = 4.0\n"));
+      with_field(dir, ill, "modest.toml", "alpha = 94.5\nrslora = true\n", "alpha = 4.0\n");
   const auto m = run_captured({"run", modest, "--quiet"});
   EXPECT_EQ(m.code, 0) << m.out;
   EXPECT_NE(m.out.find("checks: 32 passed, 0 failed"), std::string::npos) << m.out;
