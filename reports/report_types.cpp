@@ -33,6 +33,32 @@ std::string format_number(double value) {
   return buf;
 }
 
+const char* status_name(CheckStatus status) {
+  switch (status) {
+    case CheckStatus::kPass:
+      return "pass";
+    case CheckStatus::kFail:
+      return "fail";
+    case CheckStatus::kOutOfRange:
+      return "out_of_range";
+  }
+  return "fail";
+}
+
+const char* outcome_name(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kPass:
+      return "pass";
+    case Outcome::kFail:
+      return "fail";
+    case Outcome::kInvalid:
+      return "invalid";
+    case Outcome::kUnsupported:
+      return "unsupported";
+  }
+  return "fail";
+}
+
 std::pair<double, double> assert_close_tolerances(const std::string& dtype) {
   // Other types read as fp32, as the comparison's own dtype-unaware callers expect.
   const auto* d = find_dtype(dtype);

@@ -19,6 +19,12 @@ std::string format_spec_value(const SpecValue& value);
 // Three significant digits, as the console and HTML tables print figures.
 std::string format_number(double value);
 
+// A check's status and a case's outcome: what every report writes (status() gives the word).
+enum class CheckStatus { kPass, kFail, kOutOfRange };
+enum class Outcome { kPass, kFail, kInvalid, kUnsupported };
+const char* status_name(CheckStatus status);  // pass, fail, out_of_range
+const char* outcome_name(Outcome outcome);    // pass, fail, invalid, unsupported
+
 // torch.testing.assert_close's default (rtol, atol) for a dtype name (fp16, bf16, fp32,
 // fp64; anything else gets fp32's); mixed dtypes take the looser pair.
 std::pair<double, double> assert_close_tolerances(const std::string& dtype);
@@ -87,7 +93,12 @@ struct Check {
   std::vector<int64_t> error_histogram;
 
   double gated_error() const { return gate_on_mean ? mean_abs : max_abs; }
-  const char* status() const { return passed ? "pass" : out_of_range ? "out_of_range" : "fail"; }
+  CheckStatus status_code() const {
+    return passed         ? CheckStatus::kPass
+           : out_of_range ? CheckStatus::kOutOfRange
+                          : CheckStatus::kFail;
+  }
+  const char* status() const { return status_name(status_code()); }
   std::optional<double> gated_baseline_error() const {
     return gate_on_mean ? baseline_mean_abs : baseline_max_abs;
   }
@@ -134,9 +145,13 @@ struct CaseResult {
   }
   bool invalid() const { return !input_error.empty(); }
   bool is_unsupported() const { return input_error.empty() && !unsupported.empty(); }
-  const char* status() const {
-    return passed() ? "pass" : invalid() ? "invalid" : is_unsupported() ? "unsupported" : "fail";
+  Outcome outcome() const {
+    return passed()           ? Outcome::kPass
+           : invalid()        ? Outcome::kInvalid
+           : is_unsupported() ? Outcome::kUnsupported
+                              : Outcome::kFail;
   }
+  const char* status() const { return outcome_name(outcome()); }
 };
 
 struct Environment {

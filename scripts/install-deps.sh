@@ -14,12 +14,13 @@ TORCH_VERSION=2.11.0
 # allpairspy generates the smoke suite's pairwise files (scripts/make-pairwise-suites.py);
 # pytest runs the package's pytest plugin (gradscope.pytest_plugin) under test;
 # scipy-openblas32 is the BLAS of the fp64 reference's products (reference/dense_product.h),
-# its library and headers taken from the wheel at build time (cmake/Dependencies.cmake).
+# its library and headers taken from the wheel at build time (cmake/Dependencies.cmake);
+# mypy type-checks the Python package (CTest python_types).
 # Each is pinned, and what they pull in is held by scripts/python-constraints.txt, so a fresh
 # machine gets the versions the tests ran with.
 PY_PACKAGES=(h5py==3.16.0 safetensors==0.8.0 pybind11==3.1.0 scikit-build-core==1.1.2
              transformers==5.24.0 peft==0.21.2 allpairspy==2.5.1 pytest==9.2.0
-             scipy-openblas32==0.3.34.481.3)
+             scipy-openblas32==0.3.34.481.3 mypy==2.4.1)
 # GPTQModel's torch QuantLinear is the GPTQ base the real-stack test loads through transformers
 # and optimum (tests/python/gptqmodel_stack.py). Its declared requirements pin numpy 2.2.6
 # (torch's wheel here runs with 2.4.6) and pull in its quantization tools (datasets, pyarrow,

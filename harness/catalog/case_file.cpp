@@ -370,6 +370,85 @@ std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& 
   return cases_from_table(table, path, origins);
 }
 
+namespace {
+
+const char* value_type_name(const SpecValue& v) {
+  return std::holds_alternative<int64_t>(v)  ? "an integer"
+         : std::holds_alternative<double>(v) ? "a float"
+         : std::holds_alternative<bool>(v)   ? "a boolean"
+                                             : "a string";
+}
+
+// A value of the field's own type, as from_toml takes it: an integer serves a float field.
+SpecValue checked_value(const FieldSpec& field, const SpecValue& v, const std::string& at) {
+  SpecValue value = v;
+  if (field.type == FieldType::kFloat && std::holds_alternative<int64_t>(v)) {
+    value = static_cast<double>(std::get<int64_t>(v));
+  }
+  const bool ok = (field.type == FieldType::kInt && std::holds_alternative<int64_t>(value)) ||
+                  (field.type == FieldType::kFloat && std::holds_alternative<double>(value)) ||
+                  (field.type == FieldType::kBool && std::holds_alternative<bool>(value)) ||
+                  (field.type == FieldType::kString && std::holds_alternative<std::string>(value));
+  if (!ok) {
+    throw InputError(at + ": key '" + field.name + "' must be " + field_type_name(field.type) +
+                     ", got " + value_type_name(v));
+  }
+  if (const auto* text = std::get_if<std::string>(&value);
+      text && text->find('\0') != std::string::npos) {
+    throw InputError(at + ": key '" + field.name + "' holds a NUL character");
+  }
+  validate_field(field, value, at);
+  return value;
+}
+
+}  // namespace
+
+std::vector<CaseSpec> cases_from_values(const std::string& kind, const FieldValues& fields,
+                                        const MatrixValues& matrix, const std::string& origin) {
+  if (!find_kind(kind)) {
+    std::string k;
+    for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
+    throw InputError(origin + ": unknown kind '" + kind + "'; expected one of " + k);
+  }
+  const auto schema = schema_for_kind(kind);
+  const auto field_of = [&](const std::string& name) {
+    const FieldSpec* field = find_field(schema, name);
+    if (!field || name == "kind") {
+      throw InputError(origin + ": unknown key '" + name + "' for kind '" + kind +
+                       "' (known: " + known_keys(schema) + ")");
+    }
+    return field;
+  };
+  CaseSpec base;
+  base.kind = kind;
+  base.file = origin;
+  for (const auto& f : schema) base.set(f.name, f.default_value, "default");
+  base.set("kind", kind, origin);
+  for (const auto& [name, value] : fields) {
+    base.set(name, checked_value(*field_of(name), value, origin), origin);
+  }
+  std::vector<CaseSpec> cases{base};
+  for (const auto& [name, values] : matrix) {
+    const FieldSpec* field = field_of(name);
+    if (values.empty()) throw InputError(origin + ": matrix key '" + name + "' has no values");
+    std::vector<CaseSpec> next;
+    for (const auto& c : cases) {
+      for (const auto& value : values) {
+        CaseSpec expanded = c;
+        expanded.set(name, checked_value(*field, value, origin), origin);
+        next.push_back(std::move(expanded));
+      }
+    }
+    if (next.size() > kMaxCasesPerFile) {
+      throw InputError(origin + ": the matrix expands to more than " +
+                       std::to_string(kMaxCasesPerFile) + " cases");
+    }
+    cases = std::move(next);
+  }
+  for (const auto& c : cases) validate_case(c);
+  return cases;
+}
+
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
                     const std::string& flag) {
   const auto schema = schema_for_kind(spec.kind);

@@ -23,6 +23,14 @@ std::vector<CaseSpec> load_case_file(const std::string& path);
 using FieldOrigins = std::map<std::string, std::string>;
 std::vector<CaseSpec> parse_case_text(std::string_view text, const std::string& path,
                                       const FieldOrigins& origins = {});
+// Cases built from values, not text: a host program's arguments (the Python package). Each
+// value is checked against its field as a case file's is (type, choices, range; an integer
+// serves a float field, nothing else is converted), and errors name `origin` and the field.
+// `matrix` expands as a case file's [matrix] does, the first axis varying slowest.
+using FieldValues = std::vector<std::pair<std::string, report::SpecValue>>;
+using MatrixValues = std::vector<std::pair<std::string, std::vector<report::SpecValue>>>;
+std::vector<CaseSpec> cases_from_values(const std::string& kind, const FieldValues& fields,
+                                        const MatrixValues& matrix, const std::string& origin);
 // Applies a CLI override (--dtype/--device/--seed) and re-validates the case.
 void override_field(CaseSpec& spec, const std::string& name, const std::string& text,
                     const std::string& flag);

@@ -41,11 +41,12 @@ const char* const kNoSwitchesWhy =
 
 namespace {
 
-void check_run_outputs(const ReportOptions& o, const CaseSelection& sel) {
+void check_run_outputs(const ReportOptions& o, const std::vector<std::string>& case_files,
+                       const std::string& checkpoint_dir) {
   std::vector<NamedPath> inputs = {{"--against", o.against}};
-  for (const auto& f : sel.files) inputs.push_back({"a case file", f});
+  for (const auto& f : case_files) inputs.push_back({"a case file", f});
   check_outputs({{"--json", o.json}, {"--dump", o.dump}, {"--junit", o.junit}, {"--html", o.html}},
-                inputs, sel.checkpoint.dir);
+                inputs, checkpoint_dir);
   if (!o.against.empty() && !files::is_regular_file(o.against)) {
     throw InputError("--against " + o.against + ": " +
                      (files::is_directory(o.against) ? "is a folder, not a JSON report"
@@ -88,7 +89,7 @@ std::vector<int> assign_ranks(std::vector<SelectedCase>& selected, const Process
                      ": " + std::to_string(skipped_count) +
                      " fsdp cases need as many processes as their world_size" + skipped);
   }
-  if (ranks.rank() == 0 && skipped_count > 0) {
+  if (ranks.rank() == 0 && skipped_count > 0) {  // torchrun runs the command line only
     std::cout << "skipped " << skipped_count << " fsdp cases whose world_size is not "
               << ranks.world_size() << " (WORLD_SIZE):" << skipped << "\n";
   }
@@ -208,11 +209,11 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   // The production code runs as the faulty variant for this run only.
   std::optional<ScopedFault> injected;
   if (fault) injected.emplace(fault->fault);
-  if (fault && reports_here) {
+  if (fault && reports_here && o.console) {
     std::cout << "injected fault: " << fault->name << " (" << fault->breaks << ")\n";
   }
   // A progress line on long runs, only where a person watches (stderr is a terminal).
-  const bool progress = !o.quiet && !ranks && ::isatty(STDERR_FILENO);
+  const bool progress = o.console && !o.quiet && !ranks && ::isatty(STDERR_FILENO);
   // Under torchrun the cases print once rank 0 has them all, in order.
   std::vector<std::optional<report::CaseResult>> results(selected.size());
   const auto start = std::chrono::steady_clock::now();
@@ -221,8 +222,9 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   };
   for (size_t i = 0; i < selected.size(); ++i) {
     if (max_seconds > 0 && elapsed() > max_seconds) {
-      std::cout << "--max-seconds " << max_seconds << ": stopped after " << i << " of "
-                << selected.size() << " cases\n";
+      if (o.console)
+        std::cout << "--max-seconds " << max_seconds << ": stopped after " << i << " of "
+                  << selected.size() << " cases\n";
       break;
     }
     if (ranks && owner[i] >= 0 && owner[i] != ranks->rank()) continue;
@@ -244,13 +246,16 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
       for (auto& check : done.checks) check.tensors.reset();
     }
     if (progress) std::fprintf(stderr, "\r\x1b[K");
-    report::print_case(std::cout, report.cases.back(), console);
-    std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
+    if (o.console) {
+      report::print_case(std::cout, report.cases.back(), console);
+      std::cout.flush();  // a run stopped by a time bound keeps every finished case's lines
+    }
     // A failure stops the run; a case not judged or declined does not (it is no verdict).
     const std::string status = report.cases.back().status();
     if (o.fail_fast && status == "fail" && i + 1 < selected.size()) {
-      std::cout << "--fail-fast: stopped at the first failing case; " << selected.size() - i - 1
-                << " of " << selected.size() << " cases not run\n";
+      if (o.console)
+        std::cout << "--fail-fast: stopped at the first failing case; " << selected.size() - i - 1
+                  << " of " << selected.size() << " cases not run\n";
       break;
     }
   }
@@ -258,33 +263,60 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
     gather_at_rank_zero(selected, owner, results, *ranks, console, report);
     if (!reports_here) return report;
   }
-  report::print_summary(std::cout, report);
+  if (o.console) report::print_summary(std::cout, report);
   write_reports(report, o, dump);
   return report;
 }
 
-int exit_code(const report::RunReport& report, const ReportOptions& o) {
+RunVerdict run_verdict(const report::RunReport& report, const ReportOptions& o) {
   const int64_t regressions =
       o.against.empty() ? 0 : compare_with_accepted(std::cout, report, o.against, o.against_factor);
   // A verdict on prod (a failure, a regression) outranks a case the run could not judge
   // (docs/cli.md, exit codes).
-  if (report.failed() > 0 || regressions > 0) return 1;
-  if (report.invalid() > 0) return 2;  // a case the run could not judge: an input problem
+  if (report.failed() > 0 || regressions > 0) return {1, ""};
+  if (report.invalid() > 0) return {2, ""};  // a case the run could not judge: an input problem
   // Every case declined by the implementation under test: a gate that goes green having
   // compared nothing proves nothing.
   if (!report.cases.empty() && report.passed() == 0 && report.failed() == 0 &&
       !o.allow_unsupported) {
-    std::cerr << "gradscope: error: no case was judged: " << report.unsupported()
-              << " unsupported (" << report.implementation.ns << " declined all "
-              << report.cases.size()
-              << " selected cases); select cases it implements, or pass --allow-unsupported\n";
-    return 2;
+    return {2, "no case was judged: " + std::to_string(report.unsupported()) + " unsupported (" +
+                   report.implementation.ns + " declined all " +
+                   std::to_string(report.cases.size()) +
+                   " selected cases); select cases it implements, or pass --allow-unsupported"};
   }
-  return regressions == 0 ? 0 : 1;
+  return {0, ""};
+}
+
+int exit_code(const report::RunReport& report, const ReportOptions& o) {
+  const auto verdict = run_verdict(report, o);
+  if (!verdict.message.empty()) std::cerr << "gradscope: error: " << verdict.message << "\n";
+  return verdict.exit_code;
+}
+
+std::vector<SelectedCase> selected_from_specs(std::vector<CaseSpec> specs) {
+  std::vector<SelectedCase> selected;
+  std::set<std::string> seen;
+  for (auto& spec : specs) {
+    std::string id = find_kind(spec.kind)->case_id(spec);
+    if (seen.insert(id).second) selected.push_back({std::move(spec), std::move(id), "", ""});
+  }
+  if (selected.empty()) throw InputError("no cases selected");
+  return selected;
+}
+
+report::RunReport run_cases(std::vector<SelectedCase> cases, const ReportOptions& o,
+                            const std::string& program) {
+  // Outputs may not replace a case file the cases came from (built cases name no file).
+  std::vector<std::string> case_files;
+  for (const auto& sc : cases) {
+    if (files::is_regular_file(sc.spec.file)) case_files.push_back(sc.spec.file);
+  }
+  check_run_outputs(o, case_files, "");
+  return run_selected(std::move(cases), o, program);
 }
 
 int command_run(const CaseSelection& sel, const ReportOptions& o, const std::string& program) {
-  check_run_outputs(o, sel);
+  check_run_outputs(o, sel.files, sel.checkpoint.dir);
   const auto launch = process_launch_from_environment();
   if (!launch) return exit_code(run_selected(select_cases(sel), o, program), o);
   if (!o.dump.empty()) {

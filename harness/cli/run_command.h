@@ -20,6 +20,7 @@ struct ReportOptions {
   bool dump_failing_only = false, dump_gradients_only = false, quiet = false, fail_fast = false;
   bool allow_unsupported = false;  // a run that judged nothing exits 0 instead of 2
   bool floor_on_host = false;      // the floor's products of squares stay off the GPU
+  bool console = true;             // print each case and the summary (a host program may not)
   int dist_timeout = 300;          // seconds: under torchrun, the longest wait for another rank
 };
 
@@ -35,8 +36,21 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
                                ProcessRanks* ranks = nullptr);
 
 // The run's exit code from its report: 2 when a case could not be judged or nothing was, 1 on a
-// failing check or a regression against --against, else 0.
+// failing check or a regression against --against, else 0; `message` says why nothing was
+// judged where that decided it. exit_code prints the message to stderr.
+struct RunVerdict {
+  int exit_code = 0;
+  std::string message;
+};
+RunVerdict run_verdict(const report::RunReport& report, const ReportOptions& o);
 int exit_code(const report::RunReport& report, const ReportOptions& o);
+
+// For a program that hosts the engine (the Python package): built case specs as selected cases
+// (ids from their kinds, each id once), and a run of them with `gradscope run`'s checks of the
+// outputs and reports, printing nothing unless o.console.
+std::vector<SelectedCase> selected_from_specs(std::vector<CaseSpec> specs);
+report::RunReport run_cases(std::vector<SelectedCase> cases, const ReportOptions& o,
+                            const std::string& program);
 
 // `gradscope run`, under torchrun when the launch's variables are set.
 int command_run(const CaseSelection& sel, const ReportOptions& o, const std::string& program);

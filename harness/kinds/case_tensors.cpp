@@ -6,6 +6,7 @@
 
 #include "harness/checkpoint/gptq_config.h"
 #include "harness/checkpoint/safetensors_file.h"
+#include "harness/common/dtypes.h"
 #include "harness/common/input_error.h"
 #include "harness/common/tensor_bridge.h"
 
@@ -35,30 +36,66 @@ std::string shape_text(at::IntArrayRef shape) {
 CaseTensors::CaseTensors(const std::string& path)
     : path_(path), file_(std::make_shared<const safetensors::File>(path)) {}
 
+CaseTensors::CaseTensors(std::shared_ptr<const GivenTensors> given)
+    : path_(given->source), given_(std::move(given)) {}
+
+namespace {
+
+const at::Tensor* find_given(const GivenTensors& given, const std::string& name) {
+  for (const auto& [n, t] : given.tensors) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 bool CaseTensors::has(const std::string& name) const {
-  return file_->find(name) != nullptr;
+  return given_ ? find_given(*given_, name) != nullptr : file_->find(name) != nullptr;
+}
+
+std::vector<std::string> CaseTensors::names() const {
+  std::vector<std::string> out;
+  if (given_) {
+    for (const auto& entry : given_->tensors) out.push_back(entry.first);
+  } else {
+    for (const auto& e : file_->header().tensors) out.push_back(e.name);
+  }
+  return out;
 }
 
 std::optional<at::Tensor> CaseTensors::take(const std::string& name, at::IntArrayRef shape,
                                             const std::vector<at::ScalarType>& accepted) const {
-  const auto* e = file_->find(name);
-  if (e == nullptr) return std::nullopt;
-  const auto type = scalar_type_of(e->dtype);
+  // Named as the source names dtypes: safetensors' F32 in a file, fp32 for given tensors.
+  const auto dtype_text = [&](at::ScalarType t) {
+    return given_ ? bridge::dtype_name(t) : safetensors_name(t);
+  };
+  const safetensors::TensorEntry* e = given_ ? nullptr : file_->find(name);
+  const at::Tensor* t = given_ ? find_given(*given_, name) : nullptr;
+  if (e == nullptr && t == nullptr) return std::nullopt;
+  const auto type = t ? std::optional<at::ScalarType>(t->scalar_type()) : scalar_type_of(e->dtype);
+  const std::vector<int64_t> has_shape = t ? t->sizes().vec() : e->shape;
   const bool dtype_ok =
       type && std::find(accepted.begin(), accepted.end(), *type) != accepted.end();
-  if (!dtype_ok || e->shape != shape.vec()) {
+  if (!dtype_ok || has_shape != shape.vec()) {
     std::string expected;
     for (size_t i = 0; i < accepted.size(); ++i) {
       expected += (i == 0                     ? ""
                    : i + 1 == accepted.size() ? " or "
                                               : ", ") +
-                  safetensors_name(accepted[i]);
+                  dtype_text(accepted[i]);
     }
-    throw InputError(path_ + ": tensor " + name + " is " + e->dtype + " " + shape_text(e->shape) +
+    const std::string has_dtype = !t                              ? e->dtype
+                                  : dtype_facts(t->scalar_type()) ? dtype_text(*type)
+                                                                  : c10::toString(*type);
+    throw InputError(path_ + ": tensor " + name + " is " + has_dtype + " " + shape_text(has_shape) +
                      "; the case expects " + expected + " " + shape_text(shape));
   }
   taken_.push_back(name);
-  return from_safetensors(*file_, *e);
+  // A copy on the host: the implementations may write into what they are given, and the
+  // caller's tensor stays as it was.
+  return t ? t->detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous()
+           : from_safetensors(*file_, *e);
 }
 
 std::optional<at::Tensor> CaseTensors::floating(const std::string& name, at::IntArrayRef shape,
@@ -83,9 +120,9 @@ std::optional<at::Tensor> CaseTensors::exact(const std::string& name, at::IntArr
 
 void CaseTensors::require_all_taken(const std::string& case_id) const {
   std::string unused;
-  for (const auto& e : file_->header().tensors) {
-    if (std::find(taken_.begin(), taken_.end(), e.name) == taken_.end()) {
-      unused += (unused.empty() ? "" : ", ") + e.name;
+  for (const auto& name : names()) {
+    if (std::find(taken_.begin(), taken_.end(), name) == taken_.end()) {
+      unused += (unused.empty() ? "" : ", ") + name;
     }
   }
   if (!unused.empty()) {

@@ -1,6 +1,7 @@
-// The case's own tensors from a file (field `tensors`, docs/case-files.md "Tensors from a
-// file"): a safetensors file whose tensors replace the seeded draws of the same name, so a
-// case can run on a module's own weights or on activations captured from a model.
+// The case's own tensors (docs/case-files.md "Tensors from a file"): a safetensors file (field
+// `tensors`), or tensors a host program hands the case in memory (CaseSpec::given_tensors),
+// whose tensors replace the seeded draws of the same name, so a case can run on a module's own
+// weights or on activations captured from a model.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,10 +18,17 @@ namespace safetensors {
 class File;
 }
 
+struct GivenTensors {
+  std::string source;  // what errors name, e.g. "check_module(inputs=...)"
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+};
+
 class CaseTensors {
  public:
   // Maps the file; throws InputError naming it.
   explicit CaseTensors(const std::string& path);
+  explicit CaseTensors(std::shared_ptr<const GivenTensors> given);
+  // The file, or the given tensors' source: how messages name them.
   const std::string& path() const { return path_; }
 
   // The tensor called `name`, if the file has one: a floating tensor of `shape` (F32, F16 or
@@ -39,8 +47,10 @@ class CaseTensors {
  private:
   std::optional<at::Tensor> take(const std::string& name, at::IntArrayRef shape,
                                  const std::vector<at::ScalarType>& accepted) const;
+  std::vector<std::string> names() const;
   std::string path_;
-  std::shared_ptr<const safetensors::File> file_;
+  std::shared_ptr<const safetensors::File> file_;  // or
+  std::shared_ptr<const GivenTensors> given_;
   mutable std::vector<std::string> taken_;
 };
 

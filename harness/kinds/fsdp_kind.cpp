@@ -194,7 +194,7 @@ KindDecl fsdp_kind() {
   k.validate = [](const CaseSpec& s) {
     tb::validate(s);
     const tb::Config c(s);
-    if (!c.tensors_path.empty()) {
+    if (tb::has_tensors(s)) {
       throw_field_error(s, "tensors", "must be empty for kind fsdp (its words are planted)");
     }
     FsdpConfig::validate(s, c.tokens());

@@ -90,6 +90,11 @@ void validate(const CaseSpec& spec) {
   if (!tensors.empty() && (::stat(tensors.c_str(), &st) != 0 || !S_ISREG(st.st_mode))) {
     throw_field_error(spec, "tensors", "must name a file; there is none at '" + tensors + "'");
   }
+  if (!tensors.empty() && spec.given_tensors) {
+    throw_field_error(spec, "tensors",
+                      "must be empty when the case's tensors are given as values (" +
+                          spec.given_tensors->source + ")");
+  }
 }
 
 Config::Config(const CaseSpec& s)
@@ -108,9 +113,15 @@ Config::Config(const CaseSpec& s)
       inputs(s),
       checkpoint(s.get_string("checkpoint")),
       layer(s.get_int("layer")),
-      tensors_path(s.get_string("tensors")) {}
+      tensors_path(s.get_string("tensors")),
+      given_tensors_(s.given_tensors) {}
+
+bool has_tensors(const CaseSpec& spec) {
+  return !spec.get_string("tensors").empty() || spec.given_tensors != nullptr;
+}
 
 const CaseTensors* Config::tensors() const {
+  if (!tensors_ && given_tensors_) tensors_ = std::make_shared<CaseTensors>(given_tensors_);
   if (!tensors_ && !tensors_path.empty()) tensors_ = std::make_shared<CaseTensors>(tensors_path);
   return tensors_.get();
 }
@@ -137,7 +148,7 @@ std::string Config::id_suffix() const {
     id << ".adapter-" << (adapter_dtype == at::kHalf ? "fp16" : "bf16");
   id << inputs.id_part();
   if (!checkpoint.empty()) id << ".ckpt-L" << layer;
-  if (!tensors_path.empty()) id << ".tensors";
+  if (!tensors_path.empty() || given_tensors_) id << ".tensors";
   id << ".s" << seed;
   return id.str();
 }

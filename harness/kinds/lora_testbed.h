@@ -67,15 +67,19 @@ struct Config {
   impl::LoraArgs lora_args() const { return {alpha, rslora}; }
   int64_t tokens() const { return batch > 0 ? batch * seq : seq; }
   std::vector<int64_t> shape(int64_t features) const;
-  // The `tensors` file, mapped on first use (a case id or a validation never opens it); null
-  // when the case has none.
+  // The `tensors` file, mapped on first use (a case id or a validation never opens it), or the
+  // tensors a host program gave the case; null when the case has neither.
   const CaseTensors* tensors() const;
   // ".t2x32.r8.b4g128.v1.sym[.p0.1][.bias][.a32][.rslora][.adapter-bf16][.realistic].s1"
   std::string id_suffix() const;
 
  private:
+  std::shared_ptr<const GivenTensors> given_tensors_;
   mutable std::shared_ptr<const CaseTensors> tensors_;
 };
+
+// The case takes tensors from a file or from a host program (field `tensors`, given_tensors).
+bool has_tensors(const CaseSpec& spec);
 
 // The formats a careful implementation of the case computes in (the rounding-noise model of
 // the floor), derived from the case's dtypes, and the name of each.

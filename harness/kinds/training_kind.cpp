@@ -200,7 +200,7 @@ KindDecl training_kind() {
   k.validate = [](const CaseSpec& s) {
     ds::validate(s, "training");
     TrainingConfig::validate(s);
-    if (!s.get_string("tensors").empty()) {
+    if (tb::has_tensors(s)) {
       throw_field_error(s, "tensors", "must be empty for kind training (its batches are seeded)");
     }
     if (!s.get_string("checkpoint").empty()) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,11 +46,17 @@ struct FieldSpec {
   std::optional<double> max;
 };
 
+// Tensors a program hosting the engine hands a case in memory, in place of the seeded draws
+// of the same names (harness/kinds/case_tensors.h), as a `tensors` file does.
+struct GivenTensors;
+
 // One case: a kind and a value for every field of its schema.
 class CaseSpec {
  public:
   std::string kind;
-  std::string file;  // the case file (or "<inline>")
+  std::string file;  // the case file (or where a host program built it)
+  // Set by a host program (the Python package): the case's tensors as values, not a file.
+  std::shared_ptr<const GivenTensors> given_tensors;
 
   const report::SpecFields& fields() const { return fields_; }
   int64_t get_int(const std::string& name) const;

@@ -29,16 +29,21 @@ import scipy_openblas32  # noqa: E402  (the reference's BLAS, a dependency)
 # its path, as torch is for libtorch, since the extension carries no search path to it.
 ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True)))
 
-from ._gradscope import FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS
-from .api import (Case, Check, GradscopeInputError, check, define_ops, list_cases, main,
-                  make_case)
-from .check_module import ModelReport, ModuleRefused, ModuleResult, check_model, check_module
-from .quant_linear import QuantLinear
+from ._gradscope import (FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS, CheckStatus,  # noqa: E402
+                         Outcome)
+from .api import check, define_ops, list_cases, make_case  # noqa: E402
+from .check_module import ModelReport, ModuleResult, check_model, check_module  # noqa: E402
+from .cli import main  # noqa: E402
+from .errors import GradscopeInputError, ModuleRefused  # noqa: E402
+from .quant_linear import QuantLinear  # noqa: E402
+from .results import Case, Check  # noqa: E402
 
 __all__ = [
     "Case",
     "Check",
+    "CheckStatus",
     "GradscopeInputError",
+    "Outcome",
     "FAULT_SWITCHES",
     "OP_SCHEMAS",
     "OP_SCHEMA_VERSION",

@@ -1,5 +1,5 @@
 import sys
 
-from .api import main
+from .cli import main
 
 sys.exit(main())

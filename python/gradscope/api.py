@@ -1,74 +1,26 @@
-"""The command line in-process, and a test-facing check() over it."""
-import dataclasses
+"""check(), list_cases(), make_case() and define_ops(): the engine's cases and runs through
+the binding, as typed values (python/src/gradscope_module.cpp)."""
+from __future__ import annotations
+
 import importlib
-import json
-import os
-import sys
-import tempfile
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _gradscope
+from .errors import GradscopeInputError
+from .results import Case, Check, failure_lines, from_result
 
 if TYPE_CHECKING:
     import torch
 
-from . import _gradscope
+__all__ = ["Case", "Check", "GradscopeInputError", "check", "define_ops", "failure_lines",
+           "import_modules", "list_cases", "make_case", "run_cases", "select"]
 
 
-class GradscopeInputError(ValueError):
-    """The run could not judge its cases (exit code 2): a bad case, file, flag or operator."""
-
-
-@dataclasses.dataclass
-class Check:
-    path: str
-    status: str  # "pass", "fail" or "out_of_range" (not judged: the case's range or conditioning)
-    message: str  # the failure message, or why it was not judged; empty when it passed
-    max_abs: Optional[float]  # worst |prod - ref|
-    limit: Optional[float]  # what the rule allowed there
-    name: str = ""  # check_module: the module's own path of the tensor (lora_A.default.weight.grad)
-    # What max_abs measures: the largest |prod - ref|, or end to end (check_model) "frobenius"
-    # (||prod - ref||), "mean_abs" (per-token losses) or "abs" (the model's loss).
-    statistic: str = "max_abs"
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "pass"
-
-
-@dataclasses.dataclass
-class Case:
-    id: str
-    kind: str
-    status: str  # "pass", "fail", "invalid" or "unsupported"
-    checks: List[Check]
-    replay: str
-    unsupported: Optional[str] = None  # the implementation's message when it declined
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "pass"
-
-
-def _split_imports(argv: Sequence[str]):
-    """Takes every `--import MODULE` (or --import=MODULE) out of argv."""
-    imports, rest, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--import":
-            if i + 1 >= len(argv):
-                raise GradscopeInputError("--import needs a module name")
-            imports.append(argv[i + 1])
-            i += 2
-            continue
-        if a.startswith("--import="):
-            imports.append(a.split("=", 1)[1])
-        else:
-            rest.append(a)
-        i += 1
-    return imports, rest
-
-
-def _import_all(modules: Iterable[str]) -> None:
+def import_modules(modules: Iterable[str]) -> None:
+    """Imports each module (they register an implementation's operators with torch.library)."""
     for name in modules:
+        if not isinstance(name, str) or not name:
+            raise GradscopeInputError(f"--import {name!r}: expected a module name")
         try:
             importlib.import_module(name)
         # Anything the module raises at import, SystemExit and KeyboardInterrupt included, is
@@ -93,93 +45,51 @@ def define_ops(library, names: Optional[Iterable[str]] = None) -> None:
 OP_SCHEMAS_ORDER = ("dequantize", "lora_w", "lora_qkv", "lora_mlp")
 
 
-def _run(args: Sequence[str]) -> int:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return _gradscope.run_cli(list(args))
+def _strings(value: Union[None, str, Sequence[str]], argument: str) -> List[str]:
+    values = [] if value is None else [value] if isinstance(value, str) else list(value)
+    bad = [v for v in values if not isinstance(v, str)]
+    if bad:
+        raise GradscopeInputError(f"{argument}: expected a str or a list of str, got {bad[0]!r}")
+    return values
 
 
-# The commands that take --import: they run an implementation and print replay lines naming
-# its modules. Elsewhere --import only imports.
-_COMMANDS_NAMING_IMPORTS = ("run", "sample")
+def select(cases: Union[str, Sequence[str]] = (), *, suite: Optional[str] = None,
+           filter: Union[None, str, Sequence[str]] = None, device: Optional[str] = None,
+           dtype: Optional[str] = None, seed: Optional[int] = None) -> List[_gradscope.Case]:
+    """The command line's case selection: case files (or a suite; smoke without either), the
+    overrides, and the id globs of `filter` (a case is selected when one matches)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise GradscopeInputError(f"seed={seed!r}: expected a whole number >= 0")
+    for argument, value in (("suite", suite), ("device", device), ("dtype", dtype)):
+        if value is not None and not isinstance(value, str):
+            raise GradscopeInputError(f"{argument}={value!r}: expected a str")
+    return _gradscope.select_cases(_strings(cases, "cases"), suite or "",
+                                   _strings(filter, "filter"), device or "", dtype or "",
+                                   -1 if seed is None else seed)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gradscope ARGS`: the gradscope command line, plus --import MODULE."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        imports, rest = _split_imports(argv)
-        _import_all(imports)
-    except GradscopeInputError as e:
-        print(f"gradscope: {e}", file=sys.stderr)
-        return 2
-    if rest and rest[0] == "model":  # the Python package's own command (model_command.py)
-        from .model_command import main as model_main
-
-        return model_main(rest[1:])
-    if rest and rest[0] in _COMMANDS_NAMING_IMPORTS:
-        for name in imports:
-            rest += ["--import", name]
-    return _run(rest)
-
-
-def _selection(cases: Union[str, Sequence[str]], suite: Optional[str],
-               filter: Union[None, str, Sequence[str]], device: Optional[str],
-               dtype: Optional[str], seed: Optional[int]) -> List[str]:
-    """The command line's case selection: files, --filter per glob, suite and overrides."""
-    args = [cases] if isinstance(cases, str) else list(cases)
-    globs = [] if filter is None else [filter] if isinstance(filter, str) else list(filter)
-    for glob in globs:
-        args += ["--filter", str(glob)]
-    for flag, value in (("--suite", suite), ("--device", device), ("--dtype", dtype),
-                        ("--seed", seed)):
-        if value is not None:
-            args += [flag, str(value)]
-    return args
-
-
-def failure_lines(case: "Case", named: bool = False) -> List[str]:
-    """A failing case as gradscope reports it: its id, each failing check's message (after the
-    tensor's `name` when `named`), how many were not judged, the replay line."""
-    lines = [f"{case.id}:"]
-    lines += [f"  {k.name}: {k.message}" if named else f"  {k.message}"
-              for k in case.checks if k.status == "fail"]
-    not_judged = sum(k.status == "out_of_range" for k in case.checks)
-    if not_judged:
-        lines.append(f"  ({not_judged} more checks not judged: out of range, or past the "
-                     "floor's model)")
-    lines.append(f"  replay: {case.replay}")
-    return lines
-
-
-class _CapturedFd:
-    """Output of the C++ side (file descriptors 1 and 2) into temporary files."""
-
-    def __enter__(self):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._saved, self._files = [], []
-        for fd in (1, 2):
-            f = tempfile.TemporaryFile(mode="w+b")
-            self._saved.append(os.dup(fd))
-            os.dup2(f.fileno(), fd)
-            self._files.append(f)
-        return self
-
-    def __exit__(self, *exc):
-        for fd, saved in zip((1, 2), self._saved):
-            os.dup2(saved, fd)
-            os.close(saved)
-        self.out, self.err = [], []
-        for f, sink in zip(self._files, ("out", "err")):
-            f.seek(0)
-            setattr(self, sink, f.read().decode(errors="replace"))
-            f.close()
-        return False
+def run_cases(cases: Sequence[_gradscope.Case], *, impl: str = "gradscope",
+              imports: Iterable[str] = (), ops_libraries: Iterable[str] = (),
+              json_path: Optional[str] = None, dump: Optional[str] = None,
+              junit_path: Optional[str] = None, html_path: Optional[str] = None,
+              allow_unsupported: bool = False) -> tuple:
+    """Runs the engine's cases in this process: (the cases' records, the run's verdict)."""
+    args = _gradscope.RunArgs()
+    args.impl = impl
+    args.imports = _strings(list(imports), "imports")
+    args.ops_libraries = _strings(list(ops_libraries), "ops_libraries")
+    for name, path in (("json", json_path), ("dump", dump), ("junit", junit_path),
+                       ("html", html_path)):
+        if path is not None and not isinstance(path, str):
+            raise GradscopeInputError(f"{name}={path!r}: expected a file name")
+        setattr(args, name, path or "")
+    args.allow_unsupported = allow_unsupported
+    results, verdict = _gradscope.run(list(cases), args)
+    return [from_result(r) for r in results], verdict
 
 
 def check(
-    cases: Sequence[str] = (),
+    cases: Union[str, Sequence[str]] = (),
     *,
     suite: Optional[str] = None,
     impl: str = "gradscope",
@@ -190,7 +100,9 @@ def check(
     dtype: Optional[str] = None,
     seed: Optional[int] = None,
     json_path: Optional[str] = None,
-    extra_args: Sequence[str] = (),
+    dump: Optional[str] = None,
+    junit_path: Optional[str] = None,
+    html_path: Optional[str] = None,
     raise_on_failure: bool = True,
     allow_unsupported: bool = False,
     raise_on_invalid: bool = True,
@@ -198,62 +110,40 @@ def check(
     """Runs the cases (files, or a suite) with `impl` as prod and returns one Case per case.
 
     `filter` is a glob or a list of globs (a case is selected when one matches its id).
+    `json_path`, `dump`, `junit_path`, `html_path`: the reports `gradscope run` writes.
     Raises GradscopeInputError when the run cannot judge its cases (bad input, a case invalid
     before any check ran, or `impl` declined every case, unless allow_unsupported; a case whose
     checks ran but could not be judged, such as an attention past the floor's model, too
     unless raise_on_invalid is False, which returns it with status "invalid") and, unless
-    raise_on_failure is
-    False, AssertionError listing every failing check with its message and the command that
-    replays the case.
+    raise_on_failure is False, AssertionError listing every failing check with its message and
+    the command that replays the case.
     """
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not ours
-    imports = list(imports)
-    _import_all(imports)
-    with tempfile.TemporaryDirectory(prefix="gradscope-check-") as scratch:
-        report = json_path or os.path.join(scratch, "report.json")
-        args = ["run", *_selection(cases, suite, filter, device, dtype, seed), "--quiet",
-                "--json", report, "--impl", impl]
-        for lib in ops_libraries:
-            args += ["--ops-library", lib]
-        for name in imports:
-            args += ["--import", name]
-        if allow_unsupported:
-            args.append("--allow-unsupported")
-        args += list(extra_args)
-        with _CapturedFd() as captured:
-            code = _run(args)
-        if not os.path.exists(report):
-            raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
-        with open(report) as f:
-            data = json.load(f)
-        # Exit 2 with no invalid case: nothing was judged (every case declined). An invalid
-        # case without checks is bad input; one whose checks ran but could not be judged is a
-        # result, raised after any failure unless raise_on_invalid is False.
-        invalid = [c for c in data["cases"] if c["status"] == "invalid"]
-        bad_input = [c for c in invalid if not c["checks"]]
-        if (code == 2 and not invalid) or bad_input:
-            raise GradscopeInputError("\n".join(c["input_error"] for c in bad_input)
-                                      or (captured.err or captured.out).strip()
-                                      or f"exit code {code}")
-    result = [
-        Case(
-            id=c["id"],
-            kind=c["kind"],
-            status=c["status"],
-            replay=c["replay"],
-            unsupported=c.get("unsupported"),
-            checks=[
-                Check(path=k["path"], status=k["status"], message=k.get("message") or "",
-                      max_abs=k.get("max_abs"), limit=k.get("limit"))
-                for k in c["checks"]
-            ],
-        )
-        for c in data["cases"]
-    ]
+    imports = _strings(list(imports), "imports")
+    import_modules(imports)
+    selected = select(cases, suite=suite, filter=filter, device=device, dtype=dtype, seed=seed)
+    return judge(run_cases(selected, impl=impl, imports=imports, ops_libraries=ops_libraries,
+                           json_path=json_path, dump=dump, junit_path=junit_path,
+                           html_path=html_path, allow_unsupported=allow_unsupported),
+                 f"implementation {impl}", raise_on_failure, raise_on_invalid)
+
+
+def judge(run: tuple, who: str, raise_on_failure: bool, raise_on_invalid: bool) -> List[Case]:
+    """A run's records, raising as check() documents: a failure before a case not judged."""
+    __tracebackhide__ = True
+    result, verdict = run
+    # Exit 2 with no invalid case: nothing was judged (every case declined). An invalid case
+    # without checks is bad input; one whose checks ran but could not be judged is a result,
+    # raised after any failure unless raise_on_invalid is False.
+    invalid = [c for c in result if c.status == "invalid"]
+    bad_input = [c for c in invalid if not c.checks]
+    if (verdict.exit_code == 2 and not invalid) or bad_input:
+        raise GradscopeInputError("\n".join(c.input_error or "" for c in bad_input)
+                                  or verdict.message or f"exit code {verdict.exit_code}")
     failing = [c for c in result if c.status == "fail"]
-    not_judged = [f"{c['id']}: not judged: {c['input_error']}" for c in invalid]
+    not_judged = [f"{c.id}: not judged: {c.input_error}" for c in invalid]
     if failing and raise_on_failure:
-        lines = [f"{len(failing)} of {len(result)} gradscope cases failed (implementation {impl})"]
+        lines = [f"{len(failing)} of {len(result)} gradscope cases failed ({who})"]
         for c in failing:
             lines += failure_lines(c)
         if not_judged:
@@ -264,19 +154,8 @@ def check(
     return result
 
 
-def _run_command(args: Sequence[str]) -> str:
-    """Runs a command that prints no report; its stdout, or GradscopeInputError with its
-    message when it does not exit 0."""
-    __tracebackhide__ = True
-    with _CapturedFd() as captured:
-        code = _run(args)
-    if code != 0:
-        raise GradscopeInputError((captured.err or captured.out).strip() or f"exit code {code}")
-    return captured.out
-
-
 def make_case(
-    cases: Sequence[str] = (),
+    cases: Union[str, Sequence[str]] = (),
     *,
     suite: Optional[str] = None,
     filter: Union[None, str, Sequence[str]] = None,
@@ -288,20 +167,17 @@ def make_case(
     adapters and bias, a stack's norms: the names a case's `tensors` file takes), on the host.
     The selection must hold exactly one case; raises GradscopeInputError otherwise."""
     __tracebackhide__ = True
-    try:
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise GradscopeInputError("make_case reads the case's tensors with the safetensors "
-                                  "package: pip install safetensors") from e
-    with tempfile.TemporaryDirectory(prefix="gradscope-case-") as scratch:
-        out = os.path.join(scratch, "case.safetensors")
-        _run_command(["tensors", *_selection(cases, suite, filter, device, dtype, seed),
-                      "--out", out])
-        return load_file(out)
+    from torch.utils.dlpack import from_dlpack
+
+    selected = select(cases, suite=suite, filter=filter, device=device, dtype=dtype, seed=seed)
+    if len(selected) != 1:
+        raise GradscopeInputError(f"make_case: the selection holds {len(selected)} cases; "
+                                  "select one (filter=ID)")
+    return {name: from_dlpack(t) for name, t in _gradscope.generate(selected[0]).items()}
 
 
 def list_cases(
-    cases: Sequence[str] = (),
+    cases: Union[str, Sequence[str]] = (),
     *,
     suite: Optional[str] = None,
     filter: Union[None, str, Sequence[str]] = None,
@@ -313,5 +189,5 @@ def list_cases(
 
     Raises GradscopeInputError for a selection gradscope refuses (a bad file, no match)."""
     __tracebackhide__ = True
-    out = _run_command(["list", *_selection(cases, suite, filter, device, dtype, seed)])
-    return [line for line in out.splitlines() if line.strip()]
+    return [c.id for c in select(cases, suite=suite, filter=filter, device=device, dtype=dtype,
+                                 seed=seed)]

@@ -30,7 +30,7 @@ import time
 import torch
 
 import gradscope
-from gradscope.api import GradscopeInputError, _import_all
+from gradscope.api import GradscopeInputError, import_modules
 
 # hidden, intermediate, attention heads, key/value heads
 MODELS = {
@@ -271,7 +271,7 @@ def bench_ops(args, impls, device, clock, rows):
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
-        _import_all(args.imports)
+        import_modules(args.imports)
     except GradscopeInputError as e:
         print(f"gradscope.bench: {e}", file=sys.stderr)
         return 2

@@ -2,12 +2,13 @@
 
 The module is read for its configuration (shapes, GPTQ bits and groups, LoRA rank, alpha,
 rsLoRA, dropout, bias, adapter dtype) by the names peft and GPTQ QuantLinears use; gradscope
-writes the case of that configuration, registers the module as the implementation under test
-of the kind's operator in a namespace of its own, and runs the case: the seeded inputs go into
-the module's own parameters and buffers by name (torch.func.functional_call), the case's
-dropout mask replaces the module's dropout draw, and the module's own forward runs, its own
-dequantization included. The fp64 reference and the baseline are gradscope's. Checks come back
-named by the module's own parameter paths.
+builds the case of that configuration from typed values through the binding, registers the
+module as the implementation under test of the kind's operator in a namespace of its own, and
+runs the case in this process: the seeded inputs go into the module's own parameters and
+buffers by name (torch.func.functional_call), the case's dropout mask replaces the module's
+dropout draw, and the module's own forward runs, its own dequantization included. The fp64
+reference and the baseline are gradscope's. Checks come back named by the module's own
+parameter paths.
 """
 from __future__ import annotations
 
@@ -15,87 +16,34 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import math
 import os
 import sys
-import tempfile
 import warnings
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
-from . import api, end_to_end as e2e
+from . import _gradscope, api
+from . import end_to_end as e2e
+from . import lora_linear
 from .adapters._case_dropout import MaskDropout
+from .errors import GradscopeInputError, ModuleRefused
+from .lora_linear import GPTQ_BUFFERS as _BASE_BUFFERS
+from .lora_linear import LoraLinear
+from .results import Case, CheckStatus, Outcome, failure_lines
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-_BASE_BUFFERS = ("qweight", "qzeros", "scales", "g_idx")
 _namespaces = itertools.count()
 
 
-class ModuleRefused(api.GradscopeInputError):
-    """The module has a feature gradscope's reference does not model, or is not one it reads."""
+def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[LoraLinear]:
+    return lora_linear.read(module, path, adapter)
 
 
-def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[dict]:
-    """The configuration of a LoRA linear over a GPTQ base (peft's LoraLayer names), or None."""
-    base = getattr(module, "base_layer", None)
-    lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
-    if base is None or lora_a is None or lora_b is None:
-        return None
-    if adapter not in lora_a:
-        raise ModuleRefused(f"{path or 'module'}: no LoRA adapter named {adapter!r} "
-                            f"(it has {sorted(lora_a.keys())})")
-    where = path or "module"
-    if adapter in getattr(module, "lora_magnitude_vector", {}) or getattr(
-            module, "use_dora", {}).get(adapter, False):
-        raise ModuleRefused(f"{where}: adapter {adapter!r} is DoRA (a magnitude vector): "
-                            "gradscope's LoRA is B A x · scaling (docs/lora-math.md)")
-    active = getattr(module, "active_adapters", [adapter])
-    if list(active) != [adapter] or getattr(module, "disable_adapters", False) or getattr(
-            module, "merged", False):
-        raise ModuleRefused(f"{where}: the module's forward does not run adapter {adapter!r} "
-                            f"alone (active: {list(active)}, disabled: "
-                            f"{bool(getattr(module, 'disable_adapters', False))}, merged: "
-                            f"{bool(getattr(module, 'merged', False))})")
-    missing = [b for b in _BASE_BUFFERS if getattr(base, b, None) is None]
-    if missing:
-        raise ModuleRefused(f"{path or 'module'}.base_layer ({type(base).__name__}): not a GPTQ "
-                            f"QuantLinear, it has no {', '.join(missing)}")
-    k, n = base.g_idx.shape[0], base.scales.shape[1]
-    groups = base.scales.shape[0]
-    g_idx = base.g_idx.long().cpu()
-    desc_act = bool(getattr(base, "desc_act", False)) or bool((g_idx[1:] < g_idx[:-1]).any())
-    group_size = getattr(base, "group_size", None) or (-1 if groups == 1 else k // groups)
-    dropout = module.lora_dropout[adapter] if hasattr(module, "lora_dropout") else None
-    p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
-    if dropout is not None and not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
-        raise ModuleRefused(f"{path}.lora_dropout.{adapter}: {type(dropout).__name__} is neither "
-                            "nn.Dropout nor nn.Identity: gradscope models dropout only")
-    def per_adapter(attribute: str, default):
-        values = getattr(module, attribute, None)
-        return values[adapter] if isinstance(values, dict) else default
-
-    r = per_adapter("r", lora_a[adapter].out_features)
-    alpha = per_adapter("lora_alpha", r)
-    rslora = bool(per_adapter("use_rslora", False))
-    if getattr(lora_b[adapter], "bias", None) is not None:
-        raise ModuleRefused(f"{path}.lora_B.{adapter}: a bias on lora_B is not in gradscope's "
-                            "LoRA (docs/lora-math.md)")
-    return {
-        "module": module, "path": path, "in": k, "out": n, "bits": int(base.bits),
-        "group_size": int(group_size), "desc_act": desc_act, "rank": int(r),
-        "alpha": float(alpha), "rslora": rslora, "dropout": p,
-        "bias": getattr(base, "bias", None) is not None,
-        "adapter_dtype": _DTYPE_NAMES.get(lora_a[adapter].weight.dtype),
-        "scales_dtype": _DTYPE_NAMES.get(base.scales.dtype),
-        "zero_format": e2e.zero_format_of(base),
-        "device": base.qweight.device,
-    }
-
-
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
+# A decoder layer's projections by the module that holds them (the engine's list).
+_ATTENTION = tuple(n for n, m in _gradscope.LAYER_PROJECTIONS if m == "self_attn")
+_MLP = tuple(n for n, m in _gradscope.LAYER_PROJECTIONS if m == "mlp")
 
 
 def _is_decoder_layer(module: torch.nn.Module) -> bool:
@@ -103,7 +51,7 @@ def _is_decoder_layer(module: torch.nn.Module) -> bool:
                                             "post_attention_layernorm"))
 
 
-def _layer_projections(layer: torch.nn.Module, adapter: str) -> Dict[str, dict]:
+def _layer_projections(layer: torch.nn.Module, adapter: str) -> Dict[str, LoraLinear]:
     """The seven LoRA linears of a Llama-family decoder layer, by projection name."""
     found, plain = {}, []
     for parent, names in (("self_attn", _ATTENTION), ("mlp", _MLP)):
@@ -121,7 +69,7 @@ def _layer_projections(layer: torch.nn.Module, adapter: str) -> Dict[str, dict]:
 
 
 def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
-                 ) -> Tuple[str, Dict[str, dict]]:
+                 ) -> Tuple[str, Dict[str, LoraLinear]]:
     if _is_decoder_layer(module) and kind in (None, "layer"):
         return "layer", _layer_projections(module, adapter)
     own = _lora_linear(module, "", adapter)
@@ -129,8 +77,7 @@ def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
         if kind not in (None, "lora_w"):
             raise ModuleRefused(f"kind {kind!r}: the module is one LoRA linear (kind lora_w)")
         return "lora_w", {"": own}
-    families = {"mlp": ("gate_proj", "up_proj", "down_proj"),
-                "qkv": ("q_proj", "k_proj", "v_proj")}
+    families = {"mlp": _MLP, "qkv": _ATTENTION[:3]}
     for name, members in families.items():
         if kind not in (None, name) or not all(hasattr(module, m) for m in members):
             continue
@@ -147,8 +94,8 @@ def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
                         "post_attention_layernorm)")
 
 
-def _common(projections: Dict[str, dict], field: str, zero_format: Optional[str]):
-    values = {p["path"] or "module": p[field] for p in projections.values()}
+def _common(projections: Dict[str, LoraLinear], field: str, zero_format: Optional[str]) -> Any:
+    values = {p.where: getattr(p, field) for p in projections.values()}
     if field == "zero_format":
         values = {k: v or zero_format for k, v in values.items()}
         if None in values.values():
@@ -214,7 +161,7 @@ def _rms_norm_eps(layer: torch.nn.Module) -> float:
     return next(iter(eps.values()))
 
 
-def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
+def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], seq: int
                   ) -> _LayerConfig:
     """The decoder layer's configuration, or ModuleRefused naming what the reference does not
     model."""
@@ -223,11 +170,11 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
     if config is None:
         raise ModuleRefused(f"{type(attn).__name__}: no config (num_attention_heads, "
                             "num_key_value_heads, rope_parameters): not a Hugging Face attention")
-    hidden = projections["q_proj"]["in"]
+    hidden = projections["q_proj"].in_features
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    if hidden % heads or head_dim != hidden // heads or projections["q_proj"]["out"] != hidden:
+    if hidden % heads or head_dim != hidden // heads or projections["q_proj"].out_features != hidden:
         raise ModuleRefused(f"head_dim {head_dim} with {heads} heads over hidden {hidden}: the "
                             "reference's layer has heads x head_dim = hidden")
     for name in ("q_norm", "k_norm"):
@@ -272,7 +219,7 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, dict], seq: int
         raise ModuleRefused(f"{type(layer).__name__}: no <Family>RotaryEmbedding beside a "
                             "<Family>DecoderLayer class it is or derives from, to compute its "
                             "cos and sin")
-    device = projections["q_proj"]["device"]
+    device = projections["q_proj"].device
     return _LayerConfig(heads, kv_heads, _rms_norm_eps(layer), float(rope["rope_theta"]),
                         implementation == "eager", rotary[0](config=config).to(device))
 
@@ -282,7 +229,7 @@ _INPUT_NAMES = {"lora_w": ("x", "dy"), "mlp": ("x", "dy"), "layer": ("x", "dy"),
                 "qkv": ("x", "dq", "dk", "dv")}
 
 
-def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, dict],
+def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, LoraLinear],
                     adapter: str) -> Tuple[Dict[str, torch.Tensor], List[str]]:
     """The module's own weights under the names of the case's draws (docs/case-files.md,
     "Tensors from a file"), and the adapters left to the case's draws: a lora_B of zeros
@@ -291,17 +238,17 @@ def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, d
     redrawn: List[str] = []
     for name, p in projections.items():
         stream = {"lora_w": "o_proj", "layer": f"layers.1.{name}"}.get(kind, name)
-        m = p["module"]
+        m = p.module
         base = m.base_layer
         for b in _BASE_BUFFERS:
             tensors[f"{stream}.{b}"] = getattr(base, b).to(torch.int32 if b == "g_idx" else
                                                          getattr(base, b).dtype)
-        if p["bias"]:
+        if p.bias:
             tensors[f"{stream}.bias"] = base.bias
         tensors[f"{stream}.lora_A"] = m.lora_A[adapter].weight
         lora_b = m.lora_B[adapter].weight
         if bool((lora_b == 0).all()):
-            redrawn.append(f"{p['path'] or 'module'}.lora_B.{adapter}.weight")
+            redrawn.append(f"{p.where}.lora_B.{adapter}.weight")
         else:
             tensors[f"{stream}.lora_B"] = lora_b
     if kind == "layer":
@@ -311,52 +258,48 @@ def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, d
     return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, redrawn
 
 
-def _case_text(kind: str, projections: Dict[str, dict], dtypes: Sequence[str], batch: int,
-               seq: int, seed: int, zero_format: str,
-               layer: Optional[_LayerConfig] = None, tensors: str = "") -> str:
-    c = lambda field: _common(projections, field, zero_format)  # noqa: E731
-    lines = [f'kind = "{kind}"']
-    if tensors:
-        lines.append(f"tensors = {json.dumps(tensors)}")
+def _case_fields(kind: str, projections: Dict[str, LoraLinear], batch: int, seq: int,
+                 seed: int, zero_format: Optional[str], layer: Optional[_LayerConfig] = None
+                 ) -> Dict[str, Any]:
+    """The case of the module's configuration, as the kind's typed field values."""
+    def c(field: str) -> Any:
+        return _common(projections, field, zero_format)
+
+    fields: Dict[str, Any] = {}
     if kind == "layer":
-        lines += [f"hidden = {projections['q_proj']['in']}",
-                  f"intermediate = {projections['gate_proj']['out']}",
-                  f"heads = {layer.heads}", f"kv_heads = {layer.kv_heads}", "layers = 1",
-                  'prod_calls = "decoder_layer"', f"rms_eps = {layer.rms_eps!r}",
-                  f"rope_theta = {layer.rope_theta!r}"]
+        assert layer is not None
+        fields.update(hidden=projections["q_proj"].in_features,
+                      intermediate=projections["gate_proj"].out_features, heads=layer.heads,
+                      kv_heads=layer.kv_heads, layers=1, prod_calls="decoder_layer",
+                      rms_eps=layer.rms_eps, rope_theta=layer.rope_theta)
     elif kind == "lora_w":
         p = projections[""]
-        lines += [f"in_features = {p['in']}", f"out_features = {p['out']}"]
+        fields.update(in_features=p.in_features, out_features=p.out_features)
     elif kind == "mlp":
-        lines += [f"hidden = {projections['gate_proj']['in']}",
-                  f"intermediate = {projections['gate_proj']['out']}"]
+        fields.update(hidden=projections["gate_proj"].in_features,
+                      intermediate=projections["gate_proj"].out_features)
     else:
         q, k = projections["q_proj"], projections["k_proj"]
-        if q["out"] != q["in"]:
-            raise ModuleRefused(f"q_proj maps {q['in']} -> {q['out']}: kind qkv models "
-                                "q_proj as hidden -> hidden (heads x head_dim = hidden)")
-        lines += [f"hidden = {q['in']}"]
+        if q.out_features != q.in_features:
+            raise ModuleRefused(f"q_proj maps {q.in_features} -> {q.out_features}: kind qkv "
+                                "models q_proj as hidden -> hidden (heads x head_dim = hidden)")
         # heads and kv heads only fix k/v's width here: kv_heads / heads = k_out / q_out.
-        g = math.gcd(q["out"], k["out"])
-        lines += [f"heads = {q['out'] // g}", f"kv_heads = {k['out'] // g}"]
-    device = c("device")
-    lines += [
-        f"bits = {c('bits')}", f"group_size = {c('group_size')}",
-        f"desc_act = {str(c('desc_act')).lower()}", f'format = "{c("zero_format")}"',
-        f'scales_dtype = "{c("scales_dtype")}"', f"rank = {c('rank')}",
-        f"alpha = {float(c('alpha'))!r}", f"rslora = {str(c('rslora')).lower()}",
-        f"dropout = {float(c('dropout'))!r}", f"bias = {str(c('bias')).lower()}",
-        f'adapter_dtype = "{c("adapter_dtype")}"', f"batch = {batch}", f"seq = {seq}",
-        f"seed = {seed}", f'device = "{"cuda" if device.type == "cuda" else "cpu"}"',
-        "", "[matrix]", "dtype = [" + ", ".join(f'"{d}"' for d in dtypes) + "]",
-    ]
-    return "\n".join(lines) + "\n"
+        g = math.gcd(q.out_features, k.out_features)
+        fields.update(hidden=q.in_features, heads=q.out_features // g,
+                      kv_heads=k.out_features // g)
+    fields.update(
+        bits=c("bits"), group_size=c("group_size"), desc_act=c("desc_act"),
+        format=c("zero_format"), scales_dtype=c("scales_dtype"), rank=c("rank"),
+        alpha=float(c("alpha")), rslora=c("rslora"), dropout=float(c("dropout")),
+        bias=c("bias"), adapter_dtype=c("adapter_dtype"), batch=batch, seq=seq, seed=seed,
+        device="cuda" if c("device").type == "cuda" else "cpu")
+    return fields
 
 
 @contextlib.contextmanager
-def _case_dropout(p: dict, adapter: str, mask, rate: float) -> Iterator[None]:
+def _case_dropout(p: LoraLinear, adapter: str, mask, rate: float) -> Iterator[None]:
     """The case's mask in place of the module's dropout, for one call."""
-    module = p["module"]
+    module = p.module
     if mask is None or not hasattr(module, "lora_dropout"):
         yield
         return
@@ -368,11 +311,11 @@ def _case_dropout(p: dict, adapter: str, mask, rate: float) -> Iterator[None]:
         module.lora_dropout[adapter] = saved
 
 
-def _tensors(p: dict, proj: Sequence[torch.Tensor], adapter: str, prefix: str) -> dict:
+def _tensors(p: LoraLinear, proj: Sequence[torch.Tensor], adapter: str, prefix: str) -> dict:
     """The case's tensors under the module's own names."""
     names = [f"base_layer.{b}" for b in _BASE_BUFFERS] + [f"lora_A.{adapter}.weight",
                                                           f"lora_B.{adapter}.weight"]
-    if p["bias"]:
+    if p.bias:
         names.append("base_layer.bias")
     return {prefix + n: t for n, t in zip(names, proj)}
 
@@ -406,7 +349,7 @@ class _CallsInOrder(torch.nn.Module):
         return [getattr(self.parent, name)(x) for name in self.names]
 
 
-def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str, dict],
+def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str, LoraLinear],
               adapter: str, layer: Optional[_LayerConfig] = None):
     library = torch.library.Library(ns, "DEF")
     op = {"lora_w": "lora_w", "qkv": "lora_qkv", "mlp": "lora_mlp",
@@ -416,7 +359,7 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
     def linear(name, x, proj, mask, rate):
         p = projections[name]
         with _case_dropout(p, adapter, mask, rate):
-            return torch.func.functional_call(p["module"], _tensors(p, proj, adapter, ""), (x,))
+            return torch.func.functional_call(p.module, _tensors(p, proj, adapter, ""), (x,))
 
     def lora_w(x, proj, bits, zero_format, lora_alpha, use_rslora, dropout_mask=None,
                dropout_p=0.0):
@@ -461,7 +404,7 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
                    "post_attention_layernorm.weight": post_attention_norm}
         for name, t in zip(_ATTENTION + _MLP, (q, k, v, o, gate, up, down)):
             p = projections[name]
-            tensors.update(_tensors(p, t, adapter, p["path"] + "."))
+            tensors.update(_tensors(p, t, adapter, p.path + "."))
         return _layer_call(module, layer, x, tensors, position_offset)
 
     library.impl(op, {"lora_w": lora_w, "lora_qkv": lora_qkv, "lora_mlp": lora_mlp,
@@ -486,13 +429,13 @@ def _parameter_name(check_path: str, kind: str, adapter: str) -> str:
     return tensor  # input.grad
 
 
-def _in_training_mode(check: Callable[..., List[api.Case]]) -> Callable[..., List[api.Case]]:
+def _in_training_mode(check: Callable[..., List[Case]]) -> Callable[..., List[Case]]:
     """Runs `check` with the module in training mode, restored after: dropout draws as in
     training, and GPTQModel's QuantLinears switch their zero points to the v2 words their
     training kernel reads before anything of them is read."""
 
     @functools.wraps(check)
-    def in_training(module: torch.nn.Module, **kwargs) -> List[api.Case]:
+    def in_training(module: torch.nn.Module, **kwargs) -> List[Case]:
         __tracebackhide__ = True
         was_training = module.training
         module.train()
@@ -519,7 +462,7 @@ def check_module(
     inputs: Optional[Dict[str, torch.Tensor]] = None,
     dump: Optional[str] = None,
     raise_on_failure: bool = True,
-) -> List[api.Case]:
+) -> List[Case]:
     """Judges `module` by gradscope's rule on the case of its own configuration, once per dtype.
 
     `module`: a LoRA linear over a GPTQ QuantLinear (peft's LoraLayer names: base_layer,
@@ -559,49 +502,40 @@ def check_module(
             raise ModuleRefused(f"{type(module).__name__}: gradient checkpointing is on; its "
                                 "backward would recompute the layer outside the check (turn it "
                                 "off for the check: model.gradient_checkpointing_disable())")
-        with_dropout = [p["path"] for p in projections.values() if p["dropout"]]
+        with_dropout = [p.path for p in projections.values() if p.dropout]
         if with_dropout:
             raise ModuleRefused(f"{', '.join(with_dropout)}: LoRA dropout in a decoder layer is "
                                 "checked per op: check_module(layer.self_attn) and "
                                 "check_module(layer.mlp) draw the masks")
     if weights not in ("case", "module"):
-        raise api.GradscopeInputError(f"weights={weights!r}: expected 'case' or 'module'")
+        raise GradscopeInputError(f"weights={weights!r}: expected 'case' or 'module'")
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
+    given: Dict[str, torch.Tensor] = {}
+    if weights == "module":
+        given, redrawn = _module_tensors(kind, module, projections, adapter)
+        for name in redrawn:
+            warnings.warn(f"check_module: {name} is all zeros (peft's initialisation), "
+                          "which makes every lora_A gradient zero: drawn from the case "
+                          "instead", stacklevel=2)
+    for name, t in (inputs or {}).items():
+        if name not in _INPUT_NAMES[kind]:
+            raise GradscopeInputError(f"inputs: {name!r} is not an input of kind {kind} "
+                                      f"(expected {', '.join(_INPUT_NAMES[kind])})")
+        given[name] = t.detach().float().cpu().contiguous()
+    origin = f"check_module(<{type(module).__name__}>)"
+    built = _gradscope.build_cases(
+        kind, _case_fields(kind, projections, batch, seq, seed, zero_format, layer),
+        {"dtype": dtypes}, origin=origin)
+    if given:  # each case consumes its own capsules
+        source = f"{origin}: " + ("weights='module'" if weights == "module" else "inputs=")
+        built = [c.with_tensors({n: to_dlpack(t) for n, t in given.items()}, source)
+                 for c in built]
     ns = f"gradscope_module_{os.getpid()}_{next(_namespaces)}"
     library = None
     try:
         library = _register(ns, kind, module, projections, adapter, layer)
-        with tempfile.TemporaryDirectory(prefix="gradscope-module-") as scratch:
-            tensors_file = ""
-            given: Dict[str, torch.Tensor] = {}
-            if weights == "module":
-                given, redrawn = _module_tensors(kind, module, projections, adapter)
-                for name in redrawn:
-                    warnings.warn(f"check_module: {name} is all zeros (peft's initialisation), "
-                                  "which makes every lora_A gradient zero: drawn from the case "
-                                  "instead", stacklevel=2)
-            for name, t in (inputs or {}).items():
-                if name not in _INPUT_NAMES[kind]:
-                    raise api.GradscopeInputError(
-                        f"inputs: {name!r} is not an input of kind {kind} (expected "
-                        f"{', '.join(_INPUT_NAMES[kind])})")
-                given[name] = t.detach().float().cpu().contiguous()
-            if given:
-                try:
-                    from safetensors.torch import save_file
-                except ImportError as e:  # installed with transformers and peft
-                    raise api.GradscopeInputError("weights='module' and inputs= write a tensors "
-                                                  "file with the safetensors package: pip "
-                                                  "install safetensors") from e
-                tensors_file = os.path.join(scratch, "module_tensors.safetensors")
-                save_file(given, tensors_file)
-            text = _case_text(kind, projections, dtypes, batch, seq, seed, zero_format, layer,
-                              tensors_file)
-            case_file = os.path.join(scratch, f"{type(module).__name__}.toml")
-            with open(case_file, "w") as f:
-                f.write(text)
-            cases = api.check(case_file, impl=ns, raise_on_failure=False, raise_on_invalid=False,
-                              extra_args=["--dump", dump] if dump else [])
+        cases = api.judge(api.run_cases(built, impl=ns, dump=dump), f"module {origin}",
+                          raise_on_failure=False, raise_on_invalid=False)
     finally:
         if library is not None:
             library._destroy()
@@ -614,22 +548,23 @@ def check_module(
                        + (f", zero_format={zero_format!r}" if zero_format else "")
                        + (", weights='module'" if weights == "module" else "")
                        + (f", inputs=<{', '.join(sorted(inputs))}>" if inputs else "") + ")")
-    failing = [c for c in cases if c.status == "fail"]
+    failing = [c for c in cases if c.outcome is Outcome.FAIL]
     if failing and raise_on_failure:
         lines = [f"{len(failing)} of {len(cases)} dtypes failed for {type(module).__name__} "
                  f"(kind {kind})"]
         for c in failing:
-            lines += api.failure_lines(c, named=True)
+            lines += failure_lines(c, named=True)
         raise AssertionError("\n".join(lines))
     # Checks that ran and could not be judged: a result for check_model's report, an input
     # problem for a caller who asked for a verdict on this module.
-    invalid = [c for c in cases if c.status == "invalid"]
+    invalid = [c for c in cases if c.outcome is Outcome.INVALID]
     if invalid and raise_on_failure:
         lines = [f"{len(invalid)} of {len(cases)} dtypes could not be judged for "
                  f"{type(module).__name__} (kind {kind})"]
         for c in invalid:
-            lines += [f"  {k.message}" for k in c.checks if k.status == "out_of_range"][:1]
-        raise api.GradscopeInputError("\n".join(lines))
+            lines += [f"  {k.message}" for k in c.checks
+                      if k.verdict is CheckStatus.OUT_OF_RANGE][:1]
+        raise GradscopeInputError("\n".join(lines))
     return cases
 
 
@@ -639,7 +574,7 @@ class ModuleResult:
 
     path: str  # the module's path in the model, e.g. model.layers.3.mlp
     kind: str  # lora_w, qkv, mlp or layer
-    cases: List[api.Case]  # one per dtype
+    cases: List[Case]  # one per dtype
 
     @property
     def passed(self) -> bool:
@@ -724,18 +659,18 @@ def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]
         if any(path.startswith(c + ".") for c in covered):
             continue
         if by == "layer" and _is_decoder_layer(module) and all(
-                _is_lora(getattr(getattr(module, parent), name, None))
+                lora_linear.is_lora(getattr(getattr(module, parent), name, None))
                 for parent, names in (("self_attn", _ATTENTION), ("mlp", _MLP))
                 for name in names):
             covered.add(path)
             yield path, "layer"
-        elif all(_is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
+        elif all(lora_linear.is_lora(getattr(module, m, None)) for m in ("gate_proj", "up_proj", "down_proj")):
             covered.add(path)
             yield path, "mlp"
-        elif all(_is_lora(getattr(module, m, None)) for m in ("q_proj", "k_proj", "v_proj")):
+        elif all(lora_linear.is_lora(getattr(module, m, None)) for m in ("q_proj", "k_proj", "v_proj")):
             yield path, "qkv"
             covered.update(f"{path}.{m}" for m in ("q_proj", "k_proj", "v_proj"))
-        elif _is_lora(module) and path not in covered:
+        elif lora_linear.is_lora(module) and path not in covered:
             covered.add(path)
             yield path, "lora_w"
 
@@ -812,11 +747,6 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
     return captured
 
 
-def _is_lora(module: Optional[torch.nn.Module]) -> bool:
-    return module is not None and all(hasattr(module, a) for a in ("base_layer", "lora_A",
-                                                                     "lora_B"))
-
-
 def check_model(
     model: torch.nn.Module,
     *,
@@ -859,30 +789,30 @@ def check_model(
     """
     __tracebackhide__ = True
     if by not in ("module", "layer"):
-        raise api.GradscopeInputError(f"by={by!r}: expected 'module' or 'layer'")
+        raise GradscopeInputError(f"by={by!r}: expected 'module' or 'layer'")
     found = list(_model_modules(model, by))
     if not found:
         raise ModuleRefused(f"{type(model).__name__}: no LoRA module over a GPTQ base found "
                             "(peft's base_layer/lora_A/lora_B names)")
     if inputs not in ("case", "model"):
-        raise api.GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
+        raise GradscopeInputError(f"inputs={inputs!r}: expected 'case' or 'model'")
     if dump_dir is not None and not os.path.isdir(dump_dir):
-        raise api.GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
+        raise GradscopeInputError(f"dump_dir {dump_dir}: not a folder")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise api.GradscopeInputError(f"steps={steps!r}: expected a whole number >= 0")
+        raise GradscopeInputError(f"steps={steps!r}: expected a whole number >= 0")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise api.GradscopeInputError(f"lr={lr!r}: expected a finite number > 0")
+        raise GradscopeInputError(f"lr={lr!r}: expected a finite number > 0")
     if steps and end_to_end is False:
-        raise api.GradscopeInputError("steps: the optimizer steps are judged end to end; "
+        raise GradscopeInputError("steps: the optimizer steps are judged end to end; "
                                       "end_to_end=False leaves none")
     if not (isinstance(end_to_end, bool) or end_to_end == "auto"):
-        raise api.GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
+        raise GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
                                       "False")
     if dump_dir is not None and end_to_end is not False:
         try:
             import h5py  # noqa: F401  (the end-to-end dump's writer: refused now, not after)
         except ImportError:
-            raise api.GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: "
+            raise GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: "
                                           "pip install h5py, or pass end_to_end=False") from None
     modules = {path: module for path, module in model.named_modules()}
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
@@ -900,8 +830,8 @@ def check_model(
         for i, (path, kind) in enumerate(found)
     ])
     if end_to_end is not False:
-        loras = [e2e._Lora(path, m, _lora_linear(m, path, adapter))
-                 for path, m in model.named_modules() if _is_lora(m)]
+        loras = [p for path, m in model.named_modules() if lora_linear.is_lora(m)
+                 for p in [_lora_linear(m, path, adapter)] if p is not None]
         try:
             case = e2e.judge(model, loras, adapter, batch, seq, seed, zero_format,
                              os.path.join(dump_dir, "end_to_end.h5") if dump_dir else None,
@@ -914,7 +844,7 @@ def check_model(
     if report.first_failure is not None and raise_on_failure:
         raise AssertionError("\n".join(report.divergence_lines() + ["", report.table()]))
     if report.not_judged and raise_on_failure:  # no verdict there: not a pass either
-        raise api.GradscopeInputError("\n".join(
+        raise GradscopeInputError("\n".join(
             [f"{len(report.not_judged)} of {len(report.modules)} modules could not be judged "
              "in some dtype (their checks say why):"]
             + [f"  {m.path}: {k.message}" for m in report.not_judged for c in m.cases

@@ -20,28 +20,22 @@ independent ones.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import api
+from .dtypes import ACTIVATION_DTYPES, assert_close_tolerances, name_of
+from .errors import GradscopeInputError
+from .lora_linear import LoraLinear, is_gptq, zero_format_of
+from .results import Case, Check
 
 # End to end runs at least this many tokens: its statistics are means over them.
 MIN_TOKENS = 256
-_GPTQ_BUFFERS = ("qweight", "qzeros", "scales", "g_idx")
 
 
 class NotRun(Exception):
     """End to end cannot run on this model; the message says why."""
-
-
-@dataclasses.dataclass
-class _Lora:
-    path: str  # the LoRA linear's path in the model
-    module: torch.nn.Module
-    info: dict  # check_module._lora_linear's reading of it
 
 
 class _PlainQuantLinear(torch.nn.Module):
@@ -76,22 +70,6 @@ class _PlainLoraLinear(_PlainQuantLinear):
         return (y + h).to(x.dtype)
 
 
-def zero_format_of(base: torch.nn.Module) -> Optional[str]:
-    """How a GPTQ base's qzeros store zero points: a `zero_format` attribute (gradscope's
-    QuantLinear), GPTQModel's `qzero_format()` (1 or 2, which its QuantLinears change on
-    train()), or None: the caller says."""
-    named = getattr(base, "zero_format", None)
-    if named is not None:
-        return named
-    numbered = getattr(base, "qzero_format", None)
-    return {1: "gptq", 2: "gptq_v2"}.get(numbered()) if callable(numbered) else None
-
-
-def _is_gptq(module: torch.nn.Module) -> bool:
-    return all(getattr(module, b, None) is not None for b in _GPTQ_BUFFERS) and hasattr(
-        module, "bits")
-
-
 def _dense_weight(path: str, base: torch.nn.Module, zero_format: Optional[str]) -> torch.Tensor:
     """The base's weight, transposed ([in, out]), in fp64 on the CPU, exact: dequantize computes
     scale · (code − zero) in fp32, and an fp16/bf16 scale times an integer of at most 9 bits
@@ -109,14 +87,7 @@ def _dense_weight(path: str, base: torch.nn.Module, zero_format: Optional[str]) 
     return w.double()
 
 
-def _scaling(info: dict) -> float:
-    """From r and alpha as the adapter's configuration states them (docs/lora-math.md), not
-    from the module's own `scaling`, so that a wrong scaling in the model is not copied."""
-    root = math.sqrt(info["rank"]) if info["rslora"] else info["rank"]
-    return info["alpha"] / root
-
-
-def _plain_copy(model: torch.nn.Module, loras: List[_Lora],
+def _plain_copy(model: torch.nn.Module, loras: List[LoraLinear],
                 quantized: Dict[str, torch.nn.Module], adapter: str,
                 dense: Dict[str, torch.Tensor], dtype: Optional[torch.dtype]
                 ) -> Tuple[torch.nn.Module, Dict[str, _PlainLoraLinear]]:
@@ -141,10 +112,10 @@ def _plain_copy(model: torch.nn.Module, loras: List[_Lora],
         a, b = m.lora_A[adapter].weight.detach(), m.lora_B[adapter].weight.detach()
         w, bias = weight_and_bias(lo.path, m.base_layer, a.device)
         if dtype is None:
-            p = _PlainLoraLinear(w, bias, a.clone(), b.clone(), _scaling(lo.info))
+            p = _PlainLoraLinear(w, bias, a.clone(), b.clone(), lo.scaling())
         else:
             p = _PlainLoraLinear(w, bias, a.cpu().to(dtype), b.cpu().to(dtype),
-                                 _scaling(lo.info))
+                                 lo.scaling())
         memo[id(m)] = plain[lo.path] = p
         inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
     for path, m in quantized.items():
@@ -267,15 +238,15 @@ def _index(flat: int, shape: torch.Size) -> Tuple[int, ...]:
 
 
 def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.Tensor,
-                  dtype: torch.dtype, where: str) -> api.Check:
+                  dtype: torch.dtype, where: str) -> Check:
     """‖prod − ref‖ <= 2 · ‖base − ref‖ (Frobenius norms, docs/verification.md, "End to end")."""
     path = f"{where}/{name}"
     if prod is None:
-        return api.Check(path, "fail", f"{name}: no gradient reaches it in prod; the exact "
+        return Check(path, "fail", f"{name}: no gradient reaches it in prod; the exact "
                          f"gradient is not zero (max |ref| {float(ref.abs().max()):.4g})", None,
                          None, name, "frobenius")
     if prod.dtype != dtype or prod.shape != ref.shape:
-        return api.Check(path, "fail", f"{name}: prod is {prod.dtype} {tuple(prod.shape)}, "
+        return Check(path, "fail", f"{name}: prod is {prod.dtype} {tuple(prod.shape)}, "
                          f"expected {dtype} {tuple(ref.shape)}", None, None, name, "frobenius")
     p, b = prod.detach().cpu().double(), base.detach().cpu().double()
     if not bool((ref != 0).any()):
@@ -283,16 +254,16 @@ def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.
     limit = 2 * float((b - ref).norm())
     if not bool(torch.isfinite(p).all()):
         bad = int((~torch.isfinite(p)).sum())
-        return api.Check(path, "fail", f"{name}: {bad} of {p.numel()} elements are not finite",
+        return Check(path, "fail", f"{name}: {bad} of {p.numel()} elements are not finite",
                          math.inf, limit, name, "frobenius")
     if not bool((p != 0).any()):
-        return api.Check(path, "fail", f"{name}: prod is all zero; the exact gradient is not "
+        return Check(path, "fail", f"{name}: prod is all zero; the exact gradient is not "
                          f"(max |ref| {float(ref.abs().max()):.4g})", float(ref.norm()),
                          limit, name, "frobenius")
     err = (p - ref).abs()
     norm = float(err.norm())
     if norm <= limit:
-        return api.Check(path, "pass", "", norm, limit, name, "frobenius")
+        return Check(path, "pass", "", norm, limit, name, "frobenius")
     at = _index(int(err.argmax()), ref.shape)
     base_at = float((b - ref).abs().max())
     cosine = float(torch.nn.functional.cosine_similarity(p.reshape(1, -1), ref.reshape(1, -1)))
@@ -303,10 +274,10 @@ def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.
                f"    largest |prod - ref| {float(err[at]):.4g} at {at} (base's largest "
                f"{base_at:.4g}): prod {float(p[at]):.6g}, base {float(b[at]):.6g}, ref "
                f"{float(ref[at]):.6g}")
-    return api.Check(path, "fail", message, norm, limit, name, "frobenius")
+    return Check(path, "fail", message, norm, limit, name, "frobenius")
 
 
-def _judge_losses(runs: Dict[str, tuple], where: str) -> List[api.Check]:
+def _judge_losses(runs: Dict[str, tuple], where: str) -> List[Check]:
     """The per-token losses on their mean, as the training kind's are. The model's loss is
     their mean, and |mean e| <= mean |e|: it gets the same base term, plus the floor of its own
     reduction, which the per-token losses do not see: the mean of n losses summed in the loss's
@@ -334,12 +305,12 @@ def _judge_losses(runs: Dict[str, tuple], where: str) -> List[api.Check]:
                                          if floor else "")
             + f" (end to end); loss prod {float(prod_loss):.6g}, base "
             f"{float(runs['base'][0]):.6g}, ref {float(ref_loss):.6g}")
-        checks.append(api.Check(f"{where}/{name}", "pass" if ok else "fail", message, value,
+        checks.append(Check(f"{where}/{name}", "pass" if ok else "fail", message, value,
                                 limit, name, "mean_abs" if name == "per_token_loss" else "abs"))
     return checks
 
 
-def _refusals(model: torch.nn.Module, loras: List[_Lora], adapter: str) -> None:
+def _refusals(model: torch.nn.Module, loras: List[LoraLinear], adapter: str) -> None:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "vocab_size", None) is None:
         raise NotRun(f"{type(model).__name__} is not a causal LM (no config.vocab_size)")
@@ -366,21 +337,16 @@ def _refusals(model: torch.nn.Module, loras: List[_Lora], adapter: str) -> None:
         raise NotRun(f"{frozen[0]} does not require grad")
 
 
-# torch.testing.assert_close's default tolerances, for the dump's `mismatches` (reported only).
-_ASSERT_CLOSE = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5),
-                 torch.bfloat16: (1.6e-2, 1e-5), torch.float64: (1e-7, 1e-7)}
-_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-                torch.float64: "fp64"}
 
 
-def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor, ...]],
+def write_dump(path: str, case: Case, tensors: Dict[str, Tuple[torch.Tensor, ...]],
                dtype_name: str, device: str) -> None:
     """The end-to-end case as an HDF5 dump in gradscope's layout (docs/reports.md): a case group
     and one group per check with prod, base and ref; written whole or not at all."""
     try:
         import h5py
     except ImportError as e:
-        raise api.GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: pip "
+        raise GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: pip "
                                       "install h5py") from e
     import importlib.metadata
     import os
@@ -420,9 +386,9 @@ def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor,
                     d = g.create_dataset(name, data=data, chunks=True if big else None,
                                          shuffle=big, compression="gzip" if big else None,
                                          compression_opts=4 if big else None)
-                    d.attrs["dtype"] = _DTYPE_NAMES[t.dtype]
+                    d.attrs["dtype"] = name_of(t.dtype)
                 p, r = prod.detach().cpu().double(), ref.detach().cpu().double()
-                rtol, atol = _ASSERT_CLOSE[prod.dtype]
+                rtol, atol = assert_close_tolerances(prod.dtype)
                 g.attrs["status"] = check.status
                 g.attrs["exact"] = 0
                 g.attrs["max_abs"] = float((p - r).abs().max())
@@ -439,7 +405,7 @@ def write_dump(path: str, case: api.Case, tensors: Dict[str, Tuple[torch.Tensor,
 
 def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies: dict,
                  ref_grads: List[Optional[torch.Tensor]], rows: int, seq: int, seed: int,
-                 steps: int, lr: float, where: str) -> List[api.Check]:
+                 steps: int, lr: float, where: str) -> List[Check]:
     """`steps` AdamW steps of the reference (fp64, from its own gradients), and at each step k
     the losses of prod and base on the reference's adapters of step k (rounded once to theirs),
     on batch k's tokens: the training kind's teacher forcing, so that a difference is that
@@ -452,7 +418,7 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
     optimizer = torch.optim.AdamW(ref_params, lr=lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
     saved = [p.detach().clone() for p in prod_params]
-    checks: List[api.Check] = []
+    checks: List[Check] = []
     try:
         for k in range(1, steps + 1):
             with torch.no_grad():
@@ -471,7 +437,7 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
             except NotRun:
                 raise
             except Exception as e:  # the model's own code: a verdict on it
-                checks.append(api.Check(f"{where}/step{k}.error", "fail", f"prod raised an "
+                checks.append(Check(f"{where}/step{k}.error", "fail", f"prod raised an "
                                         f"error at step {k}: {type(e).__name__}: {e}", None, None,
                                         f"step{k}.error"))
                 break
@@ -491,9 +457,9 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
     return checks
 
 
-def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, seq: int,
+def judge(model: torch.nn.Module, loras: List[LoraLinear], adapter: str, batch: int, seq: int,
           seed: int, zero_format: Optional[str], dump: Optional[str] = None, steps: int = 0,
-          lr: float = 1e-3) -> api.Case:
+          lr: float = 1e-3) -> Case:
     """The end-to-end case of the model; raises NotRun when it cannot be judged. At least
     MIN_TOKENS tokens: max(batch, ceil(MIN_TOKENS / seq)) sequences of seq. `dump`: an HDF5 file
     that gets the case's tensors (write_dump). `steps` > 0: also that many optimizer steps,
@@ -505,12 +471,12 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         raise NotRun(f"{type(model).__name__} has no input embedding (get_input_embeddings)") \
             from None
     dtype, device = embedding.dtype, embedding.device
-    dtype_name = _DTYPE_NAMES.get(dtype)
-    if dtype_name is None or dtype == torch.float64:
+    dtype_name = name_of(dtype)
+    if dtype_name not in ACTIVATION_DTYPES:
         raise NotRun(f"the model's embedding is {dtype}: expected fp32, fp16 or bf16")
     lora_bases = {id(lo.module.base_layer) for lo in loras}
     quantized = {path: m for path, m in model.named_modules()
-                 if _is_gptq(m) and id(m) not in lora_bases}
+                 if is_gptq(m) and id(m) not in lora_bases}
     dense = {lo.path: _dense_weight(f"{lo.path}.base_layer", lo.module.base_layer, zero_format)
              for lo in loras}
     dense.update({path: _dense_weight(path, m, zero_format) for path, m in quantized.items()})
@@ -533,8 +499,8 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
         raise NotRun(f"out of memory running the model: {e}") from None
     except Exception as e:  # the model's own forward or backward: a verdict on it
         message = f"prod raised an error: {type(e).__name__}: {e}"
-        return api.Case(where, "model", "fail",
-                        [api.Check(f"{where}/error", "fail", message, None, None, "error")],
+        return Case(where, "model", "fail",
+                        [Check(f"{where}/error", "fail", message, None, None, "error")],
                         replay)
     copies = {}  # name: (the plain copy, its adapters in prod's order), kept for the steps
     for name, target in (("base", None), ("ref", torch.float64)):
@@ -573,7 +539,7 @@ def judge(model: torch.nn.Module, loras: List[_Lora], adapter: str, batch: int, 
     if steps:
         checks += _judge_steps(model, prod_params, copies, runs["ref"][2], rows, seq, seed,
                                steps, lr, where)
-    case = api.Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
+    case = Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
                     checks, replay)
     if dump:
         tensors = {"per_token_loss": tuple(runs[r][1] for r in ("prod", "base", "ref")),

@@ -263,7 +263,7 @@ def main():
             f.write(f'kind = "lora_w"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
                     f'seq = 5\ndtype = "bf16"\ntensors = "{d}/t.safetensors"\n')
         [case] = gradscope.check(os.path.join(d, "c.toml"),
-                                 extra_args=["--dump", os.path.join(d, "dump.h5")])
+                                 dump=os.path.join(d, "dump.h5"))
         assert case.passed, case
         with h5py.File(os.path.join(d, "dump.h5"), "r") as f:
             inputs = f[case.id]["inputs"]

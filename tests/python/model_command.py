@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 
 import h5py
 
-from gradscope import api
+from gradscope import api, cli
 
 
 def run(*args):
@@ -39,7 +39,7 @@ def run_in_process(*args):
     """The same command in this process (no interpreter to start: the command's own output)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = api.main(["model", *args])
+        rc = cli.main(["model", *args])
     return rc, out.getvalue()
 
 
