@@ -221,9 +221,9 @@ void write_case(Writer& w, const CaseResult& c, const DumpOptions& o) {
     if (check.floor) w.attribute(group, "floor", *check.floor);
     w.attribute(group, "mismatches", check.mismatches);
     if (check.baseline_max_abs) w.attribute(group, "baseline_max_abs", *check.baseline_max_abs);
-    if (check.baseline_mean_abs) {
-      w.attribute(group, "baseline_mean_abs", *check.baseline_mean_abs);
-      w.attribute(group, "statistic", std::string(check.gate_on_mean ? "mean_abs" : "max_abs"));
+    if (check.baseline_mean_abs) w.attribute(group, "baseline_mean_abs", *check.baseline_mean_abs);
+    if (check.baseline_mean_abs || !check.statistic_name.empty()) {
+      w.attribute(group, "statistic", check.statistic());
     }
     if (check.rel_fro) w.attribute(group, "rel_fro", *check.rel_fro);
     if (check.cosine) w.attribute(group, "cosine", *check.cosine);

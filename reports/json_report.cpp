@@ -36,9 +36,7 @@ nlohmann::ordered_json check_json(const Check& c) {
                               {"mean_abs", number(c.mean_abs)},
                               {"baseline_max_abs", optional_number(c.baseline_max_abs)},
                               {"baseline_mean_abs", optional_number(c.baseline_mean_abs)},
-                              {"statistic", c.exact          ? "exact"
-                                            : c.gate_on_mean ? "mean_abs"
-                                                             : "max_abs"},
+                              {"statistic", c.statistic()},
                               {"limit", number(c.limit)},
                               {"floor", optional_number(c.floor)},
                               {"error_to_limit", optional_number(c.error_to_limit)},

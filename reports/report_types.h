@@ -92,7 +92,21 @@ struct Check {
   // first bin also takes exact zeros and anything smaller, the last anything larger.
   std::vector<int64_t> error_histogram;
 
-  double gated_error() const { return gate_on_mean ? mean_abs : max_abs; }
+  // End to end (harness/verdict/end_to_end_rule.h): the statistic the rule gates on where it is
+  // neither of those ("frobenius": ||prod - ref||, "abs": a scalar's |prod - ref|) and its value.
+  std::string statistic_name;
+  double statistic_value = 0;
+
+  double gated_error() const {
+    return !statistic_name.empty() ? statistic_value : gate_on_mean ? mean_abs : max_abs;
+  }
+  // What the rule compares with `limit`: exact, max_abs, mean_abs, frobenius or abs.
+  std::string statistic() const {
+    return exact                     ? "exact"
+           : !statistic_name.empty() ? statistic_name
+           : gate_on_mean            ? "mean_abs"
+                                     : "max_abs";
+  }
   CheckStatus status_code() const {
     return passed         ? CheckStatus::kPass
            : out_of_range ? CheckStatus::kOutOfRange

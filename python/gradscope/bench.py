@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List
 
 import torch
 
@@ -291,7 +292,7 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if clock.cuda else "CPU"
     print(f"gradscope.bench on {name}, torch {torch.__version__}, implementations: "
           f"{', '.join(impls)}; median of {args.repeats}\n")
-    rows = []
+    rows: List[Dict[str, Any]] = []
     with torch.inference_mode(False):
         if args.only in (None, "dequant"):
             bench_dequant(args, impls, device, clock, rows)

@@ -81,8 +81,9 @@ def _projections(module: torch.nn.Module, kind: Optional[str], adapter: str
     for name, members in families.items():
         if kind not in (None, name) or not all(hasattr(module, m) for m in members):
             continue
-        found = {m: _lora_linear(getattr(module, m), m, adapter) for m in members}
-        plain = [m for m, f in found.items() if f is None]
+        read = {m: _lora_linear(getattr(module, m), m, adapter) for m in members}
+        found = {m: f for m, f in read.items() if f is not None}
+        plain = [m for m in members if m not in found]
         if plain:
             raise ModuleRefused(f"{', '.join(plain)}: not a LoRA linear over a GPTQ base "
                                 f"(kind {name} needs LoRA on {', '.join(members)})")
@@ -208,13 +209,13 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
     if implementation not in ("sdpa", "eager"):
         raise ModuleRefused(f"attention implementation {implementation!r}: check_module calls the "
                             "layer with 'sdpa' or 'eager' attention")
-    _activation_is_silu(layer.mlp)
+    _activation_is_silu(getattr(layer, "mlp"))
     # The model family's rotary embedding, <Family>RotaryEmbedding beside <Family>DecoderLayer
     # (the layer's class or one it derives from); not a scaled variant defined beside it.
-    rotary = [getattr(sys.modules.get(cls.__module__), name, None) for cls in type(layer).__mro__
-              if cls.__name__.endswith("DecoderLayer")
-              for name in [cls.__name__[:-len("DecoderLayer")] + "RotaryEmbedding"]]
-    rotary = [r for r in rotary if isinstance(r, type)]
+    found = [getattr(sys.modules.get(cls.__module__), name, None) for cls in type(layer).__mro__
+             if cls.__name__.endswith("DecoderLayer")
+             for name in [cls.__name__[:-len("DecoderLayer")] + "RotaryEmbedding"]]
+    rotary: List[type] = [r for r in found if isinstance(r, type)]
     if not rotary:
         raise ModuleRefused(f"{type(layer).__name__}: no <Family>RotaryEmbedding beside a "
                             "<Family>DecoderLayer class it is or derives from, to compute its "
@@ -244,9 +245,9 @@ def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, L
             tensors[f"{stream}.{b}"] = getattr(base, b).to(torch.int32 if b == "g_idx" else
                                                          getattr(base, b).dtype)
         if p.bias:
-            tensors[f"{stream}.bias"] = base.bias
-        tensors[f"{stream}.lora_A"] = m.lora_A[adapter].weight
-        lora_b = m.lora_B[adapter].weight
+            tensors[f"{stream}.bias"] = getattr(base, "bias")
+        tensors[f"{stream}.lora_A"] = getattr(m, "lora_A")[adapter].weight
+        lora_b = getattr(m, "lora_B")[adapter].weight
         if bool((lora_b == 0).all()):
             redrawn.append(f"{p.where}.lora_B.{adapter}.weight")
         else:
@@ -303,12 +304,13 @@ def _case_dropout(p: LoraLinear, adapter: str, mask, rate: float) -> Iterator[No
     if mask is None or not hasattr(module, "lora_dropout"):
         yield
         return
-    saved = module.lora_dropout[adapter]
-    module.lora_dropout[adapter] = MaskDropout(mask, rate)
+    dropouts = getattr(module, "lora_dropout")
+    saved = dropouts[adapter]
+    dropouts[adapter] = MaskDropout(mask, rate)
     try:
         yield
     finally:
-        module.lora_dropout[adapter] = saved
+        dropouts[adapter] = saved
 
 
 def _tensors(p: LoraLinear, proj: Sequence[torch.Tensor], adapter: str, prefix: str) -> dict:
@@ -396,6 +398,7 @@ def _register(ns: str, kind: str, module: torch.nn.Module, projections: Dict[str
                       zero_format, lora_alpha, use_rslora, heads, kv_heads, rms_eps, rope_theta,
                       position_offset):
         # The case was written from the layer's configuration: anything else is a harness bug.
+        assert layer is not None
         asked = (heads, kv_heads, rms_eps, rope_theta)
         if asked != (layer.heads, layer.kv_heads, layer.rms_eps, layer.rope_theta):
             raise RuntimeError(f"check_module: the case asks heads, kv_heads, rms_eps, rope_theta "
@@ -705,7 +708,7 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
 
     for path, kind in found:
         module = modules[path]
-        first = module.q_proj if kind == "qkv" else module
+        first = getattr(module, "q_proj") if kind == "qkv" else module
         handles.append(first.register_forward_pre_hook(keep_input(path), with_kwargs=True))
         heads = ({"dq": "q_proj", "dk": "k_proj", "dv": "v_proj"} if kind == "qkv"
                  else {"dy": None})
@@ -808,12 +811,6 @@ def check_model(
     if not (isinstance(end_to_end, bool) or end_to_end == "auto"):
         raise GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
                                       "False")
-    if dump_dir is not None and end_to_end is not False:
-        try:
-            import h5py  # noqa: F401  (the end-to-end dump's writer: refused now, not after)
-        except ImportError:
-            raise GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: "
-                                          "pip install h5py, or pass end_to_end=False") from None
     modules = {path: module for path, module in model.named_modules()}
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
                 else {})

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from .dtypes import ACTIVATION_DTYPES, assert_close_tolerances, name_of
-from .errors import GradscopeInputError
 from .lora_linear import LoraLinear, is_gptq, zero_format_of
-from .results import Case, Check
+from . import _gradscope
+from .results import Case, from_result
 
 # End to end runs at least this many tokens: its statistics are means over them.
 MIN_TOKENS = 256
@@ -41,6 +42,9 @@ class NotRun(Exception):
 class _PlainQuantLinear(torch.nn.Module):
     """x @ Wᵀ (+ bias) in x's dtype, Wᵀ [in, out] as GPTQ QuantLinears hold it: a plain
     QuantLinear over the exactly dequantized weight."""
+
+    weight_t: torch.Tensor
+    bias: Optional[torch.Tensor]
 
     def __init__(self, weight_t: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         super().__init__()
@@ -81,7 +85,7 @@ def _dense_weight(path: str, base: torch.nn.Module, zero_format: Optional[str]) 
     try:
         w = torch.ops.gradscope.dequantize(base.qweight.cpu(), base.qzeros.cpu(),
                                            base.scales.cpu(), base.g_idx.cpu().to(torch.int32),
-                                           int(base.bits), fmt, torch.float32)
+                                           int(getattr(base, "bits")), fmt, torch.float32)
     except RuntimeError as e:
         raise NotRun(f"{path}: its packed weight cannot be dequantized: {e}") from None
     return w.double()
@@ -97,8 +101,8 @@ def _plain_copy(model: torch.nn.Module, loras: List[LoraLinear],
     modified."""
     memo: Dict[int, object] = {}
     plain: Dict[str, _PlainLoraLinear] = {}
-    inside = set()
-    act = model.get_input_embeddings().weight.dtype
+    inside: Set[int] = set()
+    act = getattr(model, "get_input_embeddings")().weight.dtype
 
     def weight_and_bias(path: str, base: torch.nn.Module, device: torch.device):
         bias = getattr(base, "bias", None)
@@ -109,8 +113,9 @@ def _plain_copy(model: torch.nn.Module, loras: List[LoraLinear],
 
     for lo in loras:
         m = lo.module
-        a, b = m.lora_A[adapter].weight.detach(), m.lora_B[adapter].weight.detach()
-        w, bias = weight_and_bias(lo.path, m.base_layer, a.device)
+        a = getattr(m, "lora_A")[adapter].weight.detach()
+        b = getattr(m, "lora_B")[adapter].weight.detach()
+        w, bias = weight_and_bias(lo.path, getattr(m, "base_layer"), a.device)
         if dtype is None:
             p = _PlainLoraLinear(w, bias, a.clone(), b.clone(), lo.scaling())
         else:
@@ -119,7 +124,7 @@ def _plain_copy(model: torch.nn.Module, loras: List[LoraLinear],
         memo[id(m)] = plain[lo.path] = p
         inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
     for path, m in quantized.items():
-        memo[id(m)] = _PlainQuantLinear(*weight_and_bias(path, m, m.qweight.device))
+        memo[id(m)] = _PlainQuantLinear(*weight_and_bias(path, m, getattr(m, "qweight").device))
         inside.update(id(t) for t in list(m.parameters()) + list(m.buffers()))
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) in inside or id(t) in memo:
@@ -155,13 +160,13 @@ def _check_memory(model: torch.nn.Module, dense: Dict[str, torch.Tensor], rows: 
     backward: about 16 hidden-sized and 4 MLP-sized activations per layer, the attention
     scores, the logits three times), on the model's device base's dense weights and the same
     activations in the model's dtype (on the host too where the model is there)."""
-    config = model.config
+    config = getattr(model, "config")
     shape = [getattr(config, f, None) for f in ("num_hidden_layers", "hidden_size",
                                                 "num_attention_heads")]
     if None in shape:
         raise NotRun(f"{type(config).__name__} has no num_hidden_layers, hidden_size or "
                      "num_attention_heads: the copies' memory cannot be estimated")
-    layers, hidden, heads = shape
+    layers, hidden, heads = (int(v) for v in shape if v is not None)
     inter = getattr(config, "intermediate_size", None) or 4 * hidden
     weights = sum(w.numel() for w in dense.values())
     others = sum(t.numel() for t in list(model.parameters()) + list(model.buffers())
@@ -196,9 +201,9 @@ def _available_bytes() -> Optional[int]:
     return None
 
 
-def _run(model: torch.nn.Module, tokens: torch.Tensor, params: List[torch.Tensor],
+def _run(model: torch.nn.Module, tokens: torch.Tensor, params: Sequence[torch.Tensor],
          own_loss: bool, seed: int
-         ) -> Tuple[torch.Tensor, torch.Tensor, List[Optional[torch.Tensor]], Optional[float]]:
+         ) -> Tuple[torch.Tensor, torch.Tensor, List[Optional[torch.Tensor]], float]:
     """(loss, per-token losses, gradients of params (None where none reaches it), the model's
     own loss). own_loss: the gradients are the model's loss's (labels=), else the mean
     per-token cross-entropy's in the logits' dtype (fp64 for the reference, which
@@ -229,85 +234,16 @@ def _run(model: torch.nn.Module, tokens: torch.Tensor, params: List[torch.Tensor
             [None if g is None else g.detach() for g in grads], float(out.loss.detach()))
 
 
-def _index(flat: int, shape: torch.Size) -> Tuple[int, ...]:
-    index = []
-    for size in reversed(shape):
-        index.append(flat % size)
-        flat //= size
-    return tuple(reversed(index))
+def _capsule(t: torch.Tensor) -> object:
+    return to_dlpack(t.detach().contiguous())
 
 
-def _judge_tensor(name: str, prod: torch.Tensor, base: torch.Tensor, ref: torch.Tensor,
-                  dtype: torch.dtype, where: str) -> Check:
-    """‖prod − ref‖ <= 2 · ‖base − ref‖ (Frobenius norms, docs/verification.md, "End to end")."""
-    path = f"{where}/{name}"
-    if prod is None:
-        return Check(path, "fail", f"{name}: no gradient reaches it in prod; the exact "
-                         f"gradient is not zero (max |ref| {float(ref.abs().max()):.4g})", None,
-                         None, name, "frobenius")
-    if prod.dtype != dtype or prod.shape != ref.shape:
-        return Check(path, "fail", f"{name}: prod is {prod.dtype} {tuple(prod.shape)}, "
-                         f"expected {dtype} {tuple(ref.shape)}", None, None, name, "frobenius")
-    p, b = prod.detach().cpu().double(), base.detach().cpu().double()
-    if not bool((ref != 0).any()):
-        raise NotRun(f"{name}: the exact gradient is all zero; no verdict is possible")
-    limit = 2 * float((b - ref).norm())
-    if not bool(torch.isfinite(p).all()):
-        bad = int((~torch.isfinite(p)).sum())
-        return Check(path, "fail", f"{name}: {bad} of {p.numel()} elements are not finite",
-                         math.inf, limit, name, "frobenius")
-    if not bool((p != 0).any()):
-        return Check(path, "fail", f"{name}: prod is all zero; the exact gradient is not "
-                         f"(max |ref| {float(ref.abs().max()):.4g})", float(ref.norm()),
-                         limit, name, "frobenius")
-    err = (p - ref).abs()
-    norm = float(err.norm())
-    if norm <= limit:
-        return Check(path, "pass", "", norm, limit, name, "frobenius")
-    at = _index(int(err.argmax()), ref.shape)
-    base_at = float((b - ref).abs().max())
-    cosine = float(torch.nn.functional.cosine_similarity(p.reshape(1, -1), ref.reshape(1, -1)))
-    message = (f"{name}: ||prod - ref|| {norm:.4g} > limit {limit:.4g} = 2 x ||base - ref|| "
-               f"(Frobenius norms over {p.numel()} elements; end to end, {dtype})\n"
-               f"    relative error prod {norm / float(ref.norm()):.3g}, base "
-               f"{limit / 2 / float(ref.norm()):.3g}; cosine {cosine:.6f}\n"
-               f"    largest |prod - ref| {float(err[at]):.4g} at {at} (base's largest "
-               f"{base_at:.4g}): prod {float(p[at]):.6g}, base {float(b[at]):.6g}, ref "
-               f"{float(ref[at]):.6g}")
-    return Check(path, "fail", message, norm, limit, name, "frobenius")
-
-
-def _judge_losses(runs: Dict[str, tuple], where: str) -> List[Check]:
-    """The per-token losses on their mean, as the training kind's are. The model's loss is
-    their mean, and |mean e| <= mean |e|: it gets the same base term, plus the floor of its own
-    reduction, which the per-token losses do not see: the mean of n losses summed in the loss's
-    dtype (fp32 in transformers) rounds each partial sum S_k = k · loss once, an error of
-    standard deviation u · |S_k| / sqrt(3) (u the unit roundoff); divided by n that is
-    σ = u · |loss| · sqrt(Σ k²/3) / n, and the floor is 6σ (docs/verification.md)."""
-    ref_loss, ref_tokens = runs["ref"][0], runs["ref"][1]
-    base_tokens = runs["base"][1].cpu().double()
-    prod_loss, prod_tokens = runs["prod"][0], runs["prod"][1].cpu().double()
-    base_term = 2 * float((base_tokens - ref_tokens).abs().mean())
-    n = ref_tokens.numel()
-    unit = torch.finfo(prod_loss.dtype).eps / 2
-    sigma = unit * abs(float(ref_loss)) * math.sqrt(n * (n + 1) * (2 * n + 1) / 18) / n
-    checks = []
-    for name, value, floor, what in (
-            ("per_token_loss", float((prod_tokens - ref_tokens).abs().mean()), 0.0,
-             "mean |prod - ref| over the tokens"),
-            ("loss", abs(float(prod_loss) - float(ref_loss)), 6 * sigma,
-             "|prod - ref| of the model's loss")):
-        limit = base_term + floor
-        ok = math.isfinite(value) and value <= limit
-        message = "" if ok else (
-            f"{name}: {what} {value:.4g} > limit {limit:.4g} = 2 x mean |base - ref| over the "
-            f"tokens {base_term:.4g}" + (f" + floor {floor:.4g} (its mean's rounding)"
-                                         if floor else "")
-            + f" (end to end); loss prod {float(prod_loss):.6g}, base "
-            f"{float(runs['base'][0]):.6g}, ref {float(ref_loss):.6g}")
-        checks.append(Check(f"{where}/{name}", "pass" if ok else "fail", message, value,
-                                limit, name, "mean_abs" if name == "per_token_loss" else "abs"))
-    return checks
+def _judge_losses(runs: Dict[str, tuple], where: str, step: int = 0,
+                  keep: bool = False) -> List[_gradscope.Check]:
+    """The model's loss and per-token losses by the end-to-end rule (harness/verdict)."""
+    tensors = {f"{r}_{what}": _capsule(runs[r][i].reshape(1) if what == "loss" else runs[r][i])
+               for r in ("prod", "base", "ref") for i, what in ((0, "loss"), (1, "tokens"))}
+    return _gradscope.judge_losses(where, tensors, f"step{step}." if step else "", step, keep)
 
 
 def _refusals(model: torch.nn.Module, loras: List[LoraLinear], adapter: str) -> None:
@@ -326,7 +262,7 @@ def _refusals(model: torch.nn.Module, loras: List[LoraLinear], adapter: str) -> 
                      f"{', ...' if len(drops) > 3 else ''}): set it to 0 to compare end to end; "
                      "the per-module checks draw the case's masks")
     zero = [f"{lo.path}.lora_B.{adapter}.weight" for lo in loras
-            if not bool((lo.module.lora_B[adapter].weight != 0).any())]
+            if not bool((getattr(lo.module, "lora_B")[adapter].weight != 0).any())]
     if zero:
         raise NotRun(f"{zero[0]}{' and others' if len(zero) > 1 else ''} is all zeros (peft's "
                      "initialisation): every lora_A gradient is exactly zero; end to end needs "
@@ -339,73 +275,9 @@ def _refusals(model: torch.nn.Module, loras: List[LoraLinear], adapter: str) -> 
 
 
 
-def write_dump(path: str, case: Case, tensors: Dict[str, Tuple[torch.Tensor, ...]],
-               dtype_name: str, device: str) -> None:
-    """The end-to-end case as an HDF5 dump in gradscope's layout (docs/reports.md): a case group
-    and one group per check with prod, base and ref; written whole or not at all."""
-    try:
-        import h5py
-    except ImportError as e:
-        raise GradscopeInputError("dump_dir: the end-to-end dump is written with h5py: pip "
-                                      "install h5py") from e
-    import importlib.metadata
-    import os
-    import tempfile
-    try:
-        version = importlib.metadata.version("gradscope")
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gradscope-", suffix=".h5", dir=folder)
-    os.close(fd)
-    try:
-        # Superblock 2 or later (the reader refuses older), and no object format newer than
-        # HDF5 1.10 reads: the libhdf5 gradscope links may be 1.10.
-        with h5py.File(tmp, "w", libver=("v108", "v110")) as f:
-            for key, value in (("format", "gradscope-dump"), ("gradscope_version", version),
-                               ("commit", ""), ("device", device), ("gpu", ""),
-                               ("torch", torch.__version__), ("cuda", torch.version.cuda or ""),
-                               ("compiler", "")):
-                f.attrs[key] = str(value)  # variable-length strings (TorchVersion is a subclass)
-            f.attrs["schema_version"] = 1
-            group = f.create_group(case.id)
-            for key, value in (("kind", "model"), ("status", case.status), ("case_toml", ""),
-                               ("dtype", dtype_name), ("device", device),
-                               ("replay", case.replay)):
-                group.attrs[key] = value
-            group.attrs["seed"] = int(case.id.rsplit("seed", 1)[1])
-            for check in case.checks:
-                if check.name not in tensors:
-                    continue
-                g = f.create_group(f"{case.id}/{check.name}")
-                prod, base, ref = tensors[check.name]
-                for name, t in (("prod", prod), ("base", base), ("ref", ref)):
-                    t = t.detach().cpu()
-                    data = (t.double() if t.dtype == torch.float64 else t.float()).numpy()
-                    big = data.size >= 4096
-                    d = g.create_dataset(name, data=data, chunks=True if big else None,
-                                         shuffle=big, compression="gzip" if big else None,
-                                         compression_opts=4 if big else None)
-                    d.attrs["dtype"] = name_of(t.dtype)
-                p, r = prod.detach().cpu().double(), ref.detach().cpu().double()
-                rtol, atol = assert_close_tolerances(prod.dtype)
-                g.attrs["status"] = check.status
-                g.attrs["exact"] = 0
-                g.attrs["max_abs"] = float((p - r).abs().max())
-                g.attrs["mean_abs"] = float((p - r).abs().mean())
-                g.attrs["limit"] = math.nan if check.limit is None else float(check.limit)
-                g.attrs["mismatches"] = int(((p - r).abs() > atol + rtol * r.abs()).sum())
-                g.attrs["statistic"] = check.statistic
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies: dict,
                  ref_grads: List[Optional[torch.Tensor]], rows: int, seq: int, seed: int,
-                 steps: int, lr: float, where: str) -> List[Check]:
+                 steps: int, lr: float, where: str) -> List[_gradscope.Check]:
     """`steps` AdamW steps of the reference (fp64, from its own gradients), and at each step k
     the losses of prod and base on the reference's adapters of step k (rounded once to theirs),
     on batch k's tokens: the training kind's teacher forcing, so that a difference is that
@@ -418,7 +290,7 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
     optimizer = torch.optim.AdamW(ref_params, lr=lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
     saved = [p.detach().clone() for p in prod_params]
-    checks: List[Check] = []
+    checks: List[_gradscope.Check] = []
     try:
         for k in range(1, steps + 1):
             with torch.no_grad():
@@ -429,7 +301,7 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
                 for mine, theirs in ((prod_params, ref_params), (base_params, ref_params)):
                     for p, r in zip(mine, theirs):
                         p.copy_(r.detach().to(p.dtype))
-            tokens = torch.randint(0, model.config.vocab_size, (rows, seq + 1),
+            tokens = torch.randint(0, getattr(model, "config").vocab_size, (rows, seq + 1),
                                    generator=torch.Generator().manual_seed(seed + k))
             try:
                 runs = {"prod": _run(model, tokens.to(device), prod_params, own_loss=True,
@@ -437,19 +309,15 @@ def _judge_steps(model: torch.nn.Module, prod_params: List[torch.Tensor], copies
             except NotRun:
                 raise
             except Exception as e:  # the model's own code: a verdict on it
-                checks.append(Check(f"{where}/step{k}.error", "fail", f"prod raised an "
-                                        f"error at step {k}: {type(e).__name__}: {e}", None, None,
-                                        f"step{k}.error"))
+                checks.append(_gradscope.failed_check(
+                    f"{where}/step{k}.error",
+                    f"prod raised an error at step {k}: {type(e).__name__}: {e}"))
                 break
             runs["base"] = _run(base, tokens.to(device), base_params, own_loss=True,
                                 seed=seed + k)
             runs["ref"] = _run(ref, tokens, ref_params, own_loss=False, seed=seed + k)
             ref_grads = runs["ref"][2]
-            for c in _judge_losses(runs, where):
-                c.name = f"step{k}.{c.name}"
-                c.path = f"{where}/{c.name}"
-                c.message = c.message and f"step {k}: {c.message}"
-                checks.append(c)
+            checks += _judge_losses(runs, where, step=k)
     finally:
         with torch.no_grad():
             for p, s in zip(prod_params, saved):
@@ -466,23 +334,23 @@ def judge(model: torch.nn.Module, loras: List[LoraLinear], adapter: str, batch: 
     each step's losses judged (_judge_steps)."""
     _refusals(model, loras, adapter)
     try:
-        embedding = model.get_input_embeddings().weight
+        embedding = getattr(model, "get_input_embeddings")().weight
     except (AttributeError, NotImplementedError):
         raise NotRun(f"{type(model).__name__} has no input embedding (get_input_embeddings)") \
             from None
     dtype, device = embedding.dtype, embedding.device
     dtype_name = name_of(dtype)
-    if dtype_name not in ACTIVATION_DTYPES:
+    if dtype_name is None or dtype_name not in ACTIVATION_DTYPES:
         raise NotRun(f"the model's embedding is {dtype}: expected fp32, fp16 or bf16")
     lora_bases = {id(lo.module.base_layer) for lo in loras}
     quantized = {path: m for path, m in model.named_modules()
                  if is_gptq(m) and id(m) not in lora_bases}
-    dense = {lo.path: _dense_weight(f"{lo.path}.base_layer", lo.module.base_layer, zero_format)
-             for lo in loras}
+    dense = {lo.path: _dense_weight(f"{lo.path}.base_layer", getattr(lo.module, "base_layer"),
+                                    zero_format) for lo in loras}
     dense.update({path: _dense_weight(path, m, zero_format) for path, m in quantized.items()})
     rows = max(batch, -(-MIN_TOKENS // seq))
     _check_memory(model, dense, rows, seq + 1, device, dtype)
-    tokens = torch.randint(0, model.config.vocab_size, (rows, seq + 1),
+    tokens = torch.randint(0, getattr(model, "config").vocab_size, (rows, seq + 1),
                            generator=torch.Generator().manual_seed(seed))
     names = [f"{lo.path}.lora_{x}.{adapter}.weight.grad" for lo in loras for x in "AB"]
     prod_params = [getattr(lo.module, f"lora_{x}")[adapter].weight for lo in loras for x in "AB"]
@@ -499,9 +367,8 @@ def judge(model: torch.nn.Module, loras: List[LoraLinear], adapter: str, batch: 
         raise NotRun(f"out of memory running the model: {e}") from None
     except Exception as e:  # the model's own forward or backward: a verdict on it
         message = f"prod raised an error: {type(e).__name__}: {e}"
-        return Case(where, "model", "fail",
-                        [Check(f"{where}/error", "fail", message, None, None, "error")],
-                        replay)
+        return _case(where, replay, dtype_name, device, seed,
+                     [_gradscope.failed_check(f"{where}/error", message)])
     copies = {}  # name: (the plain copy, its adapters in prod's order), kept for the steps
     for name, target in (("base", None), ("ref", torch.float64)):
         copied, plain = _plain_copy(model, loras, quantized, adapter, dense, target)
@@ -528,22 +395,32 @@ def judge(model: torch.nn.Module, loras: List[LoraLinear], adapter: str, batch: 
         if not all(bool(torch.isfinite(v).all()) for v in values):
             raise NotRun(f"the {name} run is not finite (a value past the range of "
                          f"{dtype_name if name == 'base' else 'fp64'}): no limit can be derived")
-    checks = _judge_losses(runs, where)
-    judged = []  # (name, prod, base, ref) of each gradient the model's loss reaches
+    keep = dump is not None
+    checks = _judge_losses(runs, where, keep=keep)
     for i, (name, param) in enumerate(zip(names, prod_params)):
-        if ref_grads[i] is None or runs["base"][2][i] is None:
+        prod_grad, base_grad, ref_grad = runs["prod"][2][i], runs["base"][2][i], ref_grads[i]
+        if ref_grad is None or base_grad is None:
             continue  # the adapter is not in the loss's graph, in the plain model either
-        judged.append((name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i]))
-        checks.append(_judge_tensor(name, runs["prod"][2][i], runs["base"][2][i], ref_grads[i],
-                                    param.dtype, where))
+        try:
+            checks.append(_gradscope.judge_gradient(
+                where, name, None if prod_grad is None else _capsule(prod_grad),
+                _capsule(base_grad), _capsule(ref_grad), name_of(param.dtype) or "",
+                keep_tensors=keep))
+        except _gradscope.EndToEndNotJudged as e:
+            raise NotRun(str(e)) from None
     if steps:
         checks += _judge_steps(model, prod_params, copies, runs["ref"][2], rows, seq, seed,
                                steps, lr, where)
-    case = Case(where, "model", "pass" if all(c.passed for c in checks) else "fail",
-                    checks, replay)
+    return _case(where, replay, dtype_name, device, seed, checks, dump)
+
+
+def _case(where: str, replay: str, dtype_name: str, device: torch.device, seed: int,
+          checks: List[_gradscope.Check], dump: Optional[str] = None) -> Case:
+    """The model's case from the engine's checks, its dump written by the engine's writer."""
+    result = _gradscope.model_case(where, replay, dtype_name, device.type, seed, checks)
     if dump:
-        tensors = {"per_token_loss": tuple(runs[r][1] for r in ("prod", "base", "ref")),
-                   "loss": tuple(runs[r][0].reshape(1) for r in ("prod", "base", "ref"))}
-        tensors.update({name: (p, b, r) for name, p, b, r in judged if p is not None})
-        write_dump(dump, case, tensors, dtype_name, device.type)
+        _gradscope.write_dump(dump, result, device.type)
+    case = from_result(result)
+    for check in case.checks:
+        check.name = check.path[len(where) + 1:]
     return case

@@ -99,7 +99,7 @@ def read(module: torch.nn.Module, path: str, adapter: str) -> Optional[LoraLinea
     g_idx = base.g_idx.long().cpu()
     desc_act = bool(getattr(base, "desc_act", False)) or bool((g_idx[1:] < g_idx[:-1]).any())
     group_size = getattr(base, "group_size", None) or (-1 if groups == 1 else k // groups)
-    dropout = module.lora_dropout[adapter] if hasattr(module, "lora_dropout") else None
+    dropout = getattr(module, "lora_dropout")[adapter] if hasattr(module, "lora_dropout") else None
     p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
     if dropout is not None and not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
         raise ModuleRefused(f"{path}.lora_dropout.{adapter}: {type(dropout).__name__} is neither "

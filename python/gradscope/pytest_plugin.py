@@ -17,9 +17,12 @@ docs/python.md describes both.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Union
 
 import pytest
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
 
 from . import api
 from .check_module import ModelReport, check_model, check_module
@@ -97,7 +100,8 @@ class GradscopeCase(pytest.Item):
             lines[0] = f"{case.id}: {case.status}"
             raise CaseFailed("\n".join(lines))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None
+                     ) -> Union[str, "TerminalRepr"]:
         if isinstance(excinfo.value, CaseFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
@@ -137,8 +141,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         cases = selection.collect()
         # Reported like any collector's result, so that the counts ("N tests collected",
         # deselected) include the cases.
+        collected: List[Union[pytest.Item, pytest.Collector]] = list(cases)
         config.hook.pytest_collectreport(
-            report=pytest.CollectReport(selection.nodeid, "passed", None, cases))
+            report=pytest.CollectReport(selection.nodeid, "passed", None, collected))
         items.extend(cases)
 
 

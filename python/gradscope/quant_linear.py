@@ -43,9 +43,10 @@ class QuantLinear(torch.nn.Module):
         self.zero_format = zero_format
         self.in_features = self.infeatures = in_features
         self.out_features = self.outfeatures = out_features
-        i32 = dict(dtype=torch.int32, device=device)
-        self.register_buffer("qweight", torch.zeros(in_features * bits // 32, out_features, **i32))
-        self.register_buffer("qzeros", torch.zeros(groups, out_features * bits // 32, **i32))
+        self.register_buffer("qweight", torch.zeros(in_features * bits // 32, out_features,
+                                                    dtype=torch.int32, device=device))
+        self.register_buffer("qzeros", torch.zeros(groups, out_features * bits // 32,
+                                                   dtype=torch.int32, device=device))
         self.register_buffer("scales", torch.ones(groups, out_features, dtype=scales_dtype,
                                                   device=device))
         self.register_buffer("g_idx", (torch.arange(in_features, device=device) // group).to(

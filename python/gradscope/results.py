@@ -16,7 +16,8 @@ class Check:
     path: str
     status: str  # CheckStatus as its word: pass, fail, out_of_range (not judged)
     message: str  # the failure message, or why it was not judged; empty when it passed
-    max_abs: Optional[float]  # worst |prod - ref|
+    max_abs: Optional[float]  # what the rule compares with limit: the worst |prod - ref|, its mean
+    # where the rule gates on the mean, end to end a gradient's ||prod - ref|| (statistic)
     limit: Optional[float]  # what the rule allowed there
     name: str = ""  # check_module: the module's own path of the tensor (lora_A.default.weight.grad)
     # What max_abs measures: the largest |prod - ref|, or end to end (check_model) "frobenius"
@@ -62,7 +63,7 @@ def from_result(r: CaseResult) -> Case:
         id=r.id, kind=r.kind, status=word(r.outcome), replay=r.replay,
         unsupported=r.unsupported or None, input_error=r.input_error or None,
         checks=[Check(path=k.path, status=word(k.status), message=k.message,
-                      max_abs=k.max_abs, limit=k.limit, statistic=k.statistic)
+                      max_abs=k.gated_error, limit=k.limit, statistic=k.statistic)
                 for k in r.checks])
 
 

@@ -23,12 +23,15 @@
 #include "harness/catalog/kind_registry.h"
 #include "harness/cli/case_selection.h"
 #include "harness/cli/cli.h"
+#include "harness/cli/environment.h"
 #include "harness/cli/run_command.h"
 #include "harness/common/dtypes.h"
 #include "harness/common/input_error.h"
 #include "harness/common/llama_projections.h"
 #include "harness/impl/impl_ops.h"
 #include "harness/kinds/case_tensors.h"
+#include "harness/verdict/end_to_end_rule.h"
+#include "reports/hdf5_dump.h"
 
 namespace py = pybind11;
 using gradscope::report::SpecValue;
@@ -96,6 +99,10 @@ std::vector<gradscope::SelectedCase> selected(const std::vector<Case>& cases) {
   std::vector<gradscope::SelectedCase> out;
   for (const auto& c : cases) out.push_back({c.spec, c.id, "", ""});
   return out;
+}
+
+at::ScalarType dtype_named(const std::string& name) {
+  return gradscope::scalar_type_of(gradscope::dtype_facts(name));
 }
 
 struct RunArgs {
@@ -224,10 +231,10 @@ PYBIND11_MODULE(_gradscope, m) {
       .def_readonly("path", &rp::Check::path)
       .def_property_readonly("status", &rp::Check::status_code)
       .def_readonly("exact", &rp::Check::exact)
-      .def_property_readonly("statistic",
-                             [](const rp::Check& c) {
-                               return c.exact ? "exact" : c.gate_on_mean ? "mean_abs" : "max_abs";
-                             })
+      .def_property_readonly("statistic", &rp::Check::statistic,
+                             "what the rule compares with the limit: exact, max_abs, mean_abs, "
+                             "frobenius or abs")
+      .def_property_readonly("gated_error", &rp::Check::gated_error, "the value of that statistic")
       .def_readonly("numel", &rp::Check::numel)
       .def_readonly("mismatches", &rp::Check::mismatches)
       .def_readonly("max_abs", &rp::Check::max_abs)
@@ -383,4 +390,78 @@ PYBIND11_MODULE(_gradscope, m) {
       },
       py::arg("case"),
       "the case's generated tensors (DLPack capsules) under the names its tensors take");
+
+  // The end-to-end rule (harness/verdict/end_to_end_rule.h) and the dump of its case.
+  py::register_exception<gs::EndToEndNotJudged>(m, "EndToEndNotJudged");
+  m.def(
+      "judge_gradient",
+      [](const std::string& where, const std::string& name, std::optional<py::capsule> prod,
+         py::capsule base, py::capsule ref, const std::string& expected, bool keep) {
+        gs::GradientRuns runs;
+        if (prod) runs.prod = from_capsule(*prod, name + " (prod)");
+        runs.base = from_capsule(base, name + " (base)");
+        runs.ref = from_capsule(ref, name + " (ref)");
+        runs.expected = dtype_named(expected);
+        return gs::judge_gradient(where, name, runs, keep);
+      },
+      py::arg("where"), py::arg("name"), py::arg("prod"), py::arg("base"), py::arg("ref"),
+      py::arg("expected"), py::arg("keep_tensors") = false,
+      "a LoRA gradient of the model by the end-to-end rule (tensors as DLPack capsules; prod "
+      "None where the loss does not reach it); EndToEndNotJudged for an all-zero reference");
+  m.def(
+      "judge_losses",
+      [](const std::string& where, const py::dict& t, const std::string& prefix, int step,
+         bool keep) {
+        gs::LossRuns runs;
+        const auto get = [&](const char* key) {
+          return from_capsule(t[key].cast<py::capsule>(), std::string("losses: ") + key);
+        };
+        runs.prod_loss = get("prod_loss");
+        runs.base_loss = get("base_loss");
+        runs.ref_loss = get("ref_loss");
+        runs.prod_tokens = get("prod_tokens");
+        runs.base_tokens = get("base_tokens");
+        runs.ref_tokens = get("ref_tokens");
+        return gs::judge_losses(where, runs, prefix, step, keep);
+      },
+      py::arg("where"), py::arg("tensors"), py::arg("prefix") = "", py::arg("step") = 0,
+      py::arg("keep_tensors") = false,
+      "the model's loss and its per-token losses by the end-to-end rule; `tensors`: "
+      "prod_loss, base_loss, ref_loss, prod_tokens, base_tokens, ref_tokens (DLPack capsules)");
+  m.def(
+      "model_case",
+      [](const std::string& id, const std::string& replay, const std::string& dtype,
+         const std::string& device, int64_t seed, std::vector<rp::Check> checks) {
+        rp::CaseResult c;
+        c.id = id;
+        c.kind = "model";
+        c.source = "check_model";
+        c.replay = replay;
+        c.spec = {
+            {"kind", std::string("model")}, {"seed", seed}, {"dtype", dtype}, {"device", device}};
+        c.checks = std::move(checks);
+        return c;
+      },
+      py::arg("id"), py::arg("replay"), py::arg("dtype"), py::arg("device"), py::arg("seed"),
+      py::arg("checks"), "a whole model's case (kind model) of end-to-end checks");
+  m.def(
+      "failed_check",
+      [](const std::string& path, const std::string& message) {
+        rp::Check c;
+        c.path = path;
+        c.failure = message;
+        return c;
+      },
+      py::arg("path"), py::arg("message"), "a failing check: what prod raised, say");
+  m.def(
+      "write_dump",
+      [](const std::string& path, const rp::CaseResult& c, const std::string& device) {
+        rp::RunReport report;
+        report.environment = gs::probe_environment(device);
+        rp::DumpWriter dump(path, {});
+        dump.add_case(c);
+        dump.finish(report);
+      },
+      py::arg("path"), py::arg("case"), py::arg("device"),
+      "the case as an HDF5 dump (docs/reports.md), written whole or not at all");
 }

@@ -223,7 +223,7 @@ def main():
         case = end_to_end(report).cases[0]
         with h5py.File(os.path.join(dumps, "end_to_end.h5"), "r") as f:
             check = f[f"{case.id}/{where}.lora_B.default.weight.grad"]
-            assert check.attrs["status"] == "fail" and check["ref"].attrs["dtype"] == "fp64"
+            assert check.attrs["status"] == b"fail" and check["ref"].attrs["dtype"] == b"fp64"
             assert f[f"{case.id}/loss/prod"].shape == (1,), f[f"{case.id}/loss/prod"].shape
         out = subprocess.run([sys.executable, "-m", "gradscope", "show",
                               os.path.join(dumps, "end_to_end.h5")], capture_output=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Dict, List, Set
@@ -55,6 +56,9 @@ def test_imports_alone(module: str) -> None:
         pytest.skip("runs the command line")
     r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
                        text=True)
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", r.stderr)
+    if r.returncode and missing and not missing.group(1).startswith("gradscope"):
+        pytest.skip(f"{module} adapts a peer that is not installed ({missing.group(1)})")
     assert r.returncode == 0, r.stderr
 
 
