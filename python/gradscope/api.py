@@ -46,6 +46,8 @@ OP_SCHEMAS_ORDER = ("dequantize", "lora_w", "lora_qkv", "lora_mlp")
 
 
 def _strings(value: Union[None, str, Sequence[str]], argument: str) -> List[str]:
+    if value is not None and not isinstance(value, (str, list, tuple)):
+        raise GradscopeInputError(f"{argument}={value!r}: expected a str or a list of str")
     values = [] if value is None else [value] if isinstance(value, str) else list(value)
     bad = [v for v in values if not isinstance(v, str)]
     if bad:

@@ -32,9 +32,12 @@ from .adapters._case_dropout import MaskDropout
 from .errors import GradscopeInputError, ModuleRefused
 from .lora_linear import GPTQ_BUFFERS as _BASE_BUFFERS
 from .lora_linear import LoraLinear
+from .dtypes import ACTIVATION_DTYPES, torch_dtype
 from .results import Case, CheckStatus, Outcome, failure_lines
 
 _namespaces = itertools.count()
+# The tensors a case takes for x and the output gradients: the activation dtypes.
+FLOATING = tuple(torch_dtype(d) for d in ACTIVATION_DTYPES)
 
 
 def _lora_linear(module: torch.nn.Module, path: str, adapter: str) -> Optional[LoraLinear]:
@@ -297,6 +300,13 @@ def _case_fields(kind: str, projections: Dict[str, LoraLinear], batch: int, seq:
     return fields
 
 
+def _require_whole(name: str, value: object) -> None:
+    """A whole-number argument as the case's field takes it: an int, not a bool, a float or a
+    str (the engine refuses those too; this names the argument before anything reads it)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GradscopeInputError(f"{name}={value!r}: expected a whole number (an int)")
+
+
 @contextlib.contextmanager
 def _case_dropout(p: LoraLinear, adapter: str, mask, rate: float) -> Iterator[None]:
     """The case's mask in place of the module's dropout, for one call."""
@@ -440,6 +450,9 @@ def _in_training_mode(check: Callable[..., List[Case]]) -> Callable[..., List[Ca
     @functools.wraps(check)
     def in_training(module: torch.nn.Module, **kwargs) -> List[Case]:
         __tracebackhide__ = True
+        if not isinstance(module, torch.nn.Module):
+            raise GradscopeInputError(f"module: a {type(module).__name__}, expected a "
+                                      "torch.nn.Module")
         was_training = module.training
         module.train()
         try:
@@ -492,6 +505,13 @@ def check_module(
     status "invalid".
     """
     __tracebackhide__ = True
+    for name, value in (("batch", batch), ("seq", seq), ("seed", seed)):
+        _require_whole(name, value)
+    for name, t in (inputs or {}).items():
+        if not isinstance(t, torch.Tensor) or t.dtype not in FLOATING:
+            raise GradscopeInputError(
+                f"inputs[{name!r}]: a {getattr(t, 'dtype', type(t).__name__)}, expected a "
+                f"floating tensor ({', '.join(str(d) for d in FLOATING)})")
     kind, projections = _projections(module, kind, adapter)
     x = (inputs or {}).get("x")
     if x is not None and x.dim() == 3:  # the case's tokens are the given activation's
