@@ -32,6 +32,8 @@
 #include "harness/kinds/case_tensors.h"
 #include "harness/verdict/end_to_end_rule.h"
 #include "reports/hdf5_dump.h"
+#include "reports/model_report.h"
+#include "reports/output_file.h"
 
 namespace py = pybind11;
 using gradscope::report::SpecValue;
@@ -103,6 +105,42 @@ std::vector<gradscope::SelectedCase> selected(const std::vector<Case>& cases) {
 
 at::ScalarType dtype_named(const std::string& name) {
   return gradscope::scalar_type_of(gradscope::dtype_facts(name));
+}
+
+std::optional<double> optional_float(const py::handle& v) {
+  return v.is_none() ? std::nullopt : std::optional<double>(v.cast<double>());
+}
+
+// check_model's report (gradscope.check_module.ModelReport, its ModuleResult, Case and Check
+// records) as the report writers take it.
+gradscope::report::ModelReport model_report(const py::handle& report) {
+  gradscope::report::ModelReport out;
+  out.note = report.attr("note").cast<std::string>();
+  for (const auto& m : report.attr("modules")) {
+    gradscope::report::ModelModule module;
+    module.path = m.attr("path").cast<std::string>();
+    module.kind = m.attr("kind").cast<std::string>();
+    module.passed = m.attr("passed").cast<bool>();
+    module.not_judged = py::len(m.attr("not_judged")) > 0;
+    for (const auto& c : m.attr("cases")) {
+      gradscope::report::ModelCase mc;
+      mc.id = c.attr("id").cast<std::string>();
+      mc.status = c.attr("status").cast<std::string>();
+      mc.replay = c.attr("replay").cast<std::string>();
+      const auto unsupported = c.attr("unsupported");
+      mc.unsupported = unsupported.is_none() ? "" : unsupported.cast<std::string>();
+      for (const auto& k : c.attr("checks")) {
+        mc.checks.push_back({k.attr("name").cast<std::string>(),
+                             k.attr("status").cast<std::string>(),
+                             k.attr("statistic").cast<std::string>(),
+                             optional_float(k.attr("max_abs")), optional_float(k.attr("limit")),
+                             k.attr("message").cast<std::string>()});
+      }
+      module.cases.push_back(std::move(mc));
+    }
+    out.modules.push_back(std::move(module));
+  }
+  return out;
 }
 
 struct RunArgs {
@@ -464,4 +502,18 @@ PYBIND11_MODULE(_gradscope, m) {
       },
       py::arg("path"), py::arg("case"), py::arg("device"),
       "the case as an HDF5 dump (docs/reports.md), written whole or not at all");
+  m.def(
+      "write_model_reports",
+      [](const py::handle& report, const std::string& title, const std::string& json,
+         const std::string& html, const std::string& junit) {
+        const auto r = model_report(report);
+        if (!json.empty()) rp::write_output_file(json, rp::model_json(r));
+        if (!html.empty()) rp::write_output_file(html, rp::model_html(r, title));
+        if (!junit.empty()) rp::write_output_file(junit, rp::model_junit(r, title));
+      },
+      py::arg("report"), py::arg("title"), py::arg("json") = "", py::arg("html") = "",
+      py::arg("junit") = "",
+      "check_model's report by the C++ writers (reports/model_report.h): each file named is "
+      "written whole or not at all");
+  py::register_exception<rp::OutputError>(m, "OutputError", PyExc_OSError);
 }
