@@ -395,9 +395,87 @@ double boundary_of(const RatioInputs& in) {
   return in.format_max + 0.5 * ulp(in.format_max, in.expected.dtype);
 }
 
+// What decides a check's state, found in turn: each is computed only where none before it
+// holds (a wrong shape leaves nothing to scan), and left false where it is not reached.
+struct RatioFacts {
+  bool attributes_wrong = false;    // prod's dtype or device, or no tensor
+  bool shape_wrong = false;         // prod, base, ref or sigma of different shapes
+  bool ref_past_format = false;     // the exact value beyond the output format
+  bool ref_zero_in_format = false;  // the exact value zero in prod's format
+  bool prod_non_finite = false;     // NaN or Inf in prod, besides any left out
+  bool degenerate = false;          // prod all zero where the exact value is not
+  bool zeros_within_floor = false;  // ... every exact value within its finite floor of zero
+  bool model_not_held = false;      // the floor's model does not hold here (not_judged)
+  bool over_limit = false;          // an element past its limit (or not within it: NaN)
+  bool left_out = false;            // elements overflowed within the floor of the boundary
+};
+
+// The states in their one order of precedence (docs/verification.md, "Verdict states"): the
+// first whose fact holds is the check's. A wrong tensor fails before anything about the case;
+// the case's range and zeros come before prod's infinities; all-zero prod is judged even where
+// the floor's model does not hold (zeros bound nothing there), any other result is not; an
+// element past its limit fails whatever was left out near the overflow boundary.
+RatioOutcome state_of(const RatioFacts& f) {
+  if (f.attributes_wrong) return RatioOutcome::kAttributes;
+  if (f.shape_wrong) return RatioOutcome::kShape;
+  if (f.ref_past_format) return RatioOutcome::kOutOfRange;
+  if (f.ref_zero_in_format) return RatioOutcome::kAllZero;
+  if (f.prod_non_finite) return RatioOutcome::kProdNonFinite;
+  if (f.degenerate) {
+    return f.zeros_within_floor ? RatioOutcome::kZerosInFloor : RatioOutcome::kDegenerate;
+  }
+  if (f.model_not_held) return RatioOutcome::kNotJudged;
+  if (f.over_limit) return RatioOutcome::kOverLimit;
+  if (f.left_out) return RatioOutcome::kNearOverflow;
+  return RatioOutcome::kPassed;
+}
+
+// The figures of a check whose elements left out near the overflow boundary stand beside
+// others within their limits: the left-out elements' (infinite errors, the first as the worst).
+void report_left_out(RatioJudgement& j) {
+  report::Check& check = j.check;
+  check.worst = j.first_left_out;
+  check.mismatches += j.left_out;
+  check.max_abs = std::numeric_limits<double>::infinity();
+  check.mean_abs = std::numeric_limits<double>::infinity();
+  check.error_to_limit = std::numeric_limits<double>::infinity();
+}
+
+// The state's verdict on the check: passed, failed, or not judged (out of range). Prod's
+// infinities are the case's range only where a careful implementation overflows too.
+RatioJudgement settled(RatioJudgement j, const RatioFacts& f, const RatioInputs& in) {
+  j.outcome = state_of(f);
+  report::Check& check = j.check;
+  check.passed = j.outcome == RatioOutcome::kPassed;
+  switch (j.outcome) {
+    case RatioOutcome::kOutOfRange:
+    case RatioOutcome::kAllZero:
+    case RatioOutcome::kZerosInFloor:
+      check.out_of_range = true;
+      break;
+    case RatioOutcome::kNotJudged:
+      check.out_of_range = true;
+      // Elements left out near the boundary, the rest within limits: their figures, as below.
+      if (f.left_out && !f.over_limit) report_left_out(j);
+      break;
+    case RatioOutcome::kProdNonFinite:
+      check.out_of_range = !in.model_overflow.empty();
+      break;
+    case RatioOutcome::kNearOverflow:
+      // The rest within its limits: the case's range decides.
+      check.out_of_range = true;
+      report_left_out(j);
+      break;
+    default:
+      check.out_of_range = false;
+  }
+  return j;
+}
+
 // The verdict and its figures, no text but the check's note.
 RatioJudgement judge_ratio(const RatioInputs& in) {
   RatioJudgement j;
+  RatioFacts facts;
   report::Check& check = j.check;
   check.path = in.path;
   check.compared = "prod and the plain baseline in the case's dtypes vs fp64 reference";
@@ -406,8 +484,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     check.numel = in.prod.defined() ? in.prod.numel() : 0;
     check.mismatches = check.numel;
     j.attribute_failure = *wrong;
-    j.outcome = RatioOutcome::kAttributes;
-    return j;
+    facts.attributes_wrong = true;
+    return settled(std::move(j), facts, in);
   }
   auto prod = in.prod.detach().cpu().to(at::kDouble).contiguous();
   auto base = in.base.detach().cpu().to(at::kDouble).contiguous();
@@ -419,8 +497,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     j.prod_shape = prod.sizes().vec();
     j.base_shape = base.sizes().vec();
     j.ref_shape = ref.sizes().vec();
-    j.outcome = RatioOutcome::kShape;
-    return j;
+    facts.shape_wrong = true;
+    return settled(std::move(j), facts, in);
   }
   if (in.keep_tensors) {
     check.tensors = report::CheckTensors{
@@ -441,10 +519,9 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   const double boundary = boundary_of(in);
   j.ref_max = check.numel ? scan.ref_max : 0.0;
   if (!std::isfinite(j.ref_max) || j.ref_max >= boundary) {
-    check.out_of_range = true;
     check.worst = element_at(scan.ref_argmax, prod, base, ref);
-    j.outcome = RatioOutcome::kOutOfRange;
-    return j;
+    facts.ref_past_format = true;
+    return settled(std::move(j), facts, in);
   }
   // A reference that is zero in prod's format (alpha 0, a dropout that drops every token, a
   // scale so small every value underflows) cannot tell a correct kernel from one that returns
@@ -453,9 +530,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   // rounds to a nonzero value exactly when the largest does.
   if (check.numel > 0 &&
       at::scalar_tensor(j.ref_max, at::kDouble).to(in.prod.scalar_type()).item<double>() == 0) {
-    check.out_of_range = true;
-    j.outcome = RatioOutcome::kAllZero;
-    return j;
+    facts.ref_zero_in_format = true;
+    return settled(std::move(j), facts, in);
   }
   // Where the exact value lies within a careful implementation's rounding (the floor) of the
   // overflow boundary, such an implementation may overflow too: an infinity of the exact
@@ -495,10 +571,8 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
     check.max_abs = std::numeric_limits<double>::infinity();
     check.mean_abs = std::numeric_limits<double>::infinity();
     check.error_to_limit = std::numeric_limits<double>::infinity();
-    // A careful implementation overflowing too makes it the case's range, not prod's fault.
-    check.out_of_range = !in.model_overflow.empty();
-    j.outcome = RatioOutcome::kProdNonFinite;
-    return j;
+    facts.prod_non_finite = true;
+    return settled(std::move(j), facts, in);
   }
   check.error_histogram = scan.histogram;
   const double n = static_cast<double>(check.numel);
@@ -521,7 +595,6 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
   check.rel_fro = ref_norm > 0 ? std::sqrt(scan.err_sq) / ref_norm : 0.0;
   check.cosine = ref_norm > 0 && prod_norm > 0 ? scan.dot / (prod_norm * ref_norm) : 0.0;
   check.mismatches = scan.mismatches;
-  const bool degenerate = prod_norm == 0;
   if (check.numel > 0) {
     if (check.gate_on_mean) {
       // The mean error against the mean limit: every element within its own limit keeps the
@@ -544,17 +617,18 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
       j.over = limits.over;
     }
   }
-  check.passed = !degenerate && check.error_to_limit.value_or(0) <= 1.0;
-  j.outcome = check.passed ? RatioOutcome::kPassed
-              : degenerate ? RatioOutcome::kDegenerate
-                           : RatioOutcome::kOverLimit;
+  facts.degenerate = prod_norm == 0;
+  // Past the limit, or not within it: a NaN (a NaN floor) fails.
+  facts.over_limit = !(check.error_to_limit.value_or(0) <= 1.0);
+  facts.model_not_held = !in.not_judged.empty();
+  facts.left_out = j.left_out > 0;
   // Zeros where every exact value lies within its finite floor of zero are a result a careful
   // implementation may return (an intermediate that underflows in the case's dtypes): such a
   // check cannot tell prod from a kernel that returns zeros, and the case is the cause
   // (docs/verification.md, "Verdict states"). The baseline is one careful implementation, not
   // the test: its rounding may land on subnormals where another's lands on zero. Not where the
-  // floor's model does not hold (not_judged): there its floors bound nothing, and zeros fail.
-  if (degenerate && check.numel > 0 && in.not_judged.empty()) {
+  // floor's model does not hold: there its floors bound nothing, and zeros fail.
+  if (facts.degenerate && check.numel > 0 && !facts.model_not_held) {
     int64_t nearest = -1;
     double share_max = 0;
     for (int64_t i = 0; i < check.numel; ++i) {
@@ -567,38 +641,19 @@ RatioJudgement judge_ratio(const RatioInputs& in) {
       if (nearest < 0 || share > share_max) share_max = share, nearest = i;
     }
     if (nearest >= 0) {
-      check.out_of_range = true;
       j.nearest_floor = element_at(nearest, prod, base, ref);
       j.nearest_floor_value = elements.sigma[nearest] * kFloorSigmas;
       j.ref_to_floor = share_max;
-      j.outcome = RatioOutcome::kZerosInFloor;
+      facts.zeros_within_floor = true;
     }
   }
-  if (j.left_out > 0) {
+  if (facts.left_out) {
     const std::string left =
         std::to_string(j.left_out) + " element" + (j.left_out == 1 ? "" : "s") +
         " where prod overflowed within the floor of " + in.format + "'s overflow boundary left out";
     check.note = check.note.empty() ? left : check.note + "; " + left;
-    if (check.passed) {
-      // The rest within its limits: the case's range decides, not a verdict on prod.
-      check.passed = false;
-      check.out_of_range = true;
-      check.worst = j.first_left_out;
-      check.mismatches += j.left_out;
-      check.max_abs = std::numeric_limits<double>::infinity();
-      check.mean_abs = std::numeric_limits<double>::infinity();
-      check.error_to_limit = std::numeric_limits<double>::infinity();
-      j.outcome = RatioOutcome::kNearOverflow;
-    }
   }
-  // Without a floor that bounds a careful implementation's error, neither a pass nor a failure
-  // says anything of prod; a wrong dtype, shape or all-zero prod above says it regardless.
-  if (!in.not_judged.empty() && j.outcome != RatioOutcome::kDegenerate) {
-    check.passed = false;
-    check.out_of_range = true;
-    j.outcome = RatioOutcome::kNotJudged;
-  }
-  return j;
+  return settled(std::move(j), facts, in);
 }
 
 // The failure message, torch.testing.assert_close's shape: what failed and by how much, the
