@@ -32,9 +32,10 @@ ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_li
 from ._gradscope import (FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS, CheckStatus,  # noqa: E402
                          Outcome)
 from .api import check, define_ops, list_cases, make_case  # noqa: E402
-from .check_module import ModelReport, ModuleResult, check_model, check_module  # noqa: E402
+from .check_module import check_module  # noqa: E402
 from .cli import main  # noqa: E402
 from .errors import GradscopeInputError, ModuleRefused  # noqa: E402
+from .model_check import ModelReport, ModuleResult, check_model  # noqa: E402
 from .quant_linear import QuantLinear  # noqa: E402
 from .results import Case, Check  # noqa: E402
 

@@ -29,9 +29,3 @@ def name_of(dtype: torch.dtype) -> Optional[str]:
 
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, facts(name).aten.lower())
-
-
-def assert_close_tolerances(dtype: torch.dtype) -> tuple:
-    """torch.testing.assert_close's default (rtol, atol) for a floating dtype."""
-    row = _BY_TORCH[dtype]
-    return row.rtol, row.atol

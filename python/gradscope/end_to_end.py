@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from .dtypes import ACTIVATION_DTYPES, assert_close_tolerances, name_of
+from .dtypes import ACTIVATION_DTYPES, name_of
 from .lora_linear import LoraLinear, is_gptq, zero_format_of
 from . import _gradscope
 from .results import Case, from_result

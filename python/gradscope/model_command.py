@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import _gradscope, api
-from .check_module import ModelReport, ModuleRefused, check_model
+from .errors import ModuleRefused
+from .model_check import ModelReport, check_model
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # a bad flag is bad input: exit 2 with the usage

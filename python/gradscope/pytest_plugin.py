@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
 from . import api
-from .check_module import ModelReport, check_model, check_module
+from .check_module import check_module
+from .model_check import ModelReport, check_model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -33,7 +33,7 @@ from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import gradscope
-from gradscope.check_module import _captured_inputs
+from gradscope.model_check import _captured_inputs
 
 
 DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"

@@ -151,7 +151,7 @@ def main():
 
 def _not_judged(d):
     from gradscope import model_command
-    from gradscope.check_module import ModelReport, ModuleResult
+    from gradscope.model_check import ModelReport, ModuleResult
 
     why = "cannot be judged: layer 0's attention is past the floor's model"
     checks = [api.Check(path=f"c/layer0/{t}", status="out_of_range", message=why, max_abs=3.0,

@@ -174,7 +174,7 @@ _ILL_LAYER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dat
 
 def _not_judged():
     from gradscope import api
-    from gradscope.check_module import ModelReport, ModuleResult
+    from gradscope.model_check import ModelReport, ModuleResult
 
     with tempfile.TemporaryDirectory() as d:
         ill, dy = _ILL_LAYER, os.path.join(d, "dy.toml")
