@@ -410,6 +410,7 @@ int run_cli_as(int argc, const char* const* argv, const CliHost& host) {
       return 2;
     }
   }
+  run_args.o.poll = sample_args.o.poll = host.poll;
   try {
     if (run->parsed()) return command_run(run_args.sel, run_args.o, program);
     if (sample->parsed()) {
@@ -448,7 +449,7 @@ int run_cli_as(int argc, const char* const* argv, const CliHost& host) {
 }  // namespace
 
 int run_cli(int argc, const char* const* argv) {
-  return run_cli_as(argc, argv, CliHost{argc > 0 ? argv[0] : "gradscope", false});
+  return run_cli_as(argc, argv, CliHost{argc > 0 ? argv[0] : "gradscope", false, {}});
 }
 
 int run_cli(const std::vector<std::string>& args, const CliHost& host) {

@@ -2,6 +2,7 @@
 // failed, 2 bad usage or bad input.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace gradscope {
 struct CliHost {
   std::string program = "gradscope";
   bool imports_modules = false;
+  // Polled between cases and phases of run and sample; throws RunInterrupted
+  // (harness/engine/case_kind.h) to stop the run (the Python package's Ctrl-C).
+  std::function<void()> poll;
 };
 
 int run_cli(int argc, const char* const* argv);

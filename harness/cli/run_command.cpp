@@ -202,6 +202,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
   options.ops_libraries = o.impl.libraries;
   options.imports = o.impl.imports;
   options.ranks = ranks;
+  options.poll = o.poll;
   // The dump is written case by case, each case's tensors dropped once they are in the file.
   std::optional<report::DumpWriter> dump;
   if (!o.dump.empty())
@@ -228,6 +229,7 @@ report::RunReport run_selected(std::vector<SelectedCase> selected, const ReportO
       break;
     }
     if (ranks && owner[i] >= 0 && owner[i] != ranks->rank()) continue;
+    if (o.poll) o.poll();
     if (progress) {
       std::fprintf(stderr, "\r[%zu/%zu] %.0fs %s\x1b[K", i + 1, selected.size(), elapsed(),
                    selected[i].id.c_str());

@@ -2,6 +2,7 @@
 // processes), prints them, writes the reports and turns the report into the exit code.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "harness/cli/case_selection.h"
@@ -21,6 +22,7 @@ struct ReportOptions {
   bool allow_unsupported = false;  // a run that judged nothing exits 0 instead of 2
   bool floor_on_host = false;      // the floor's products of squares stay off the GPU
   bool console = true;             // print each case and the summary (a host program may not)
+  std::function<void()> poll;      // between cases and phases: RunOptions::poll
   int dist_timeout = 300;          // seconds: under torchrun, the longest wait for another rank
 };
 

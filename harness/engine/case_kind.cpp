@@ -83,6 +83,7 @@ CaseResult CaseKind::run(const CaseSpec& spec, const std::string& id,
   // metrics, merged in phase order below.
   const auto phase = [&](const char* name, bool on_device, bool device_memory, Metrics& metrics,
                          void (Testbed::*run)()) {
+    if (options.poll) options.poll();
     PhaseTimer timer(on_device, device_memory);
     (testbed.get()->*run)();
     timer.finish(name, metrics);

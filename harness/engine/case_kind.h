@@ -21,6 +21,11 @@ namespace gradscope {
 class CaseDraw;
 class ProcessRanks;
 
+// Thrown by RunOptions::poll to stop a run from outside (a host program's interrupt, such as
+// Ctrl-C under Python): deliberately no std::exception, so that no case takes it for its own
+// error; the run ends, its outputs unwritten (docs/python.md).
+struct RunInterrupted {};
+
 struct RunOptions {
   bool keep_tensors = false;  // keep compared tensors and generated inputs (for dumps)
   // ref and floor on a host thread beside base (PhasePlan); unset: on CUDA only, where the
@@ -33,6 +38,9 @@ struct RunOptions {
   std::string impl = "gradscope";
   std::vector<std::string> ops_libraries;  // loaded for it (--ops-library), for the replay line
   std::vector<std::string> imports;        // imported for it (--import), for the replay line
+  // Called between a case's phases (and by the run between cases); throws RunInterrupted to
+  // stop. Unset: nothing stops a run but its end or a signal's default action.
+  std::function<void()> poll;
   // Under torchrun: this process's rank among the launched processes; a collective case (kind
   // fsdp) runs its part of the case here, and its group's keys begin with case_key.
   ProcessRanks* ranks = nullptr;

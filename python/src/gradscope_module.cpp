@@ -103,6 +103,14 @@ std::vector<gradscope::SelectedCase> selected(const std::vector<Case>& cases) {
   return out;
 }
 
+// Ctrl-C under Python: its handler only sets a flag, which a run reads between phases and
+// cases and stops on, leaving no report or dump behind; the caller raises the
+// KeyboardInterrupt that PyErr_CheckSignals set.
+void python_interrupt() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw gradscope::RunInterrupted{};
+}
+
 at::ScalarType dtype_named(const std::string& name) {
   return gradscope::scalar_type_of(gradscope::dtype_facts(name));
 }
@@ -130,11 +138,10 @@ gradscope::report::ModelReport model_report(const py::handle& report) {
       const auto unsupported = c.attr("unsupported");
       mc.unsupported = unsupported.is_none() ? "" : unsupported.cast<std::string>();
       for (const auto& k : c.attr("checks")) {
-        mc.checks.push_back({k.attr("name").cast<std::string>(),
-                             k.attr("status").cast<std::string>(),
-                             k.attr("statistic").cast<std::string>(),
-                             optional_float(k.attr("max_abs")), optional_float(k.attr("limit")),
-                             k.attr("message").cast<std::string>()});
+        mc.checks.push_back(
+            {k.attr("name").cast<std::string>(), k.attr("status").cast<std::string>(),
+             k.attr("statistic").cast<std::string>(), optional_float(k.attr("max_abs")),
+             optional_float(k.attr("limit")), k.attr("message").cast<std::string>()});
       }
       module.cases.push_back(std::move(mc));
     }
@@ -169,11 +176,16 @@ PYBIND11_MODULE(_gradscope, m) {
   m.def(
       "run_cli",
       [](const std::vector<std::string>& args, const std::string& program) {
-        // Without the GIL: operators written in Python take it when the dispatcher calls
-        // them, and autograd's device threads take it for Python backward nodes.
-        py::gil_scoped_release release;
         // The package imports --import's modules before calling in; the C++ side names them.
-        return gs::run_cli(args, gs::CliHost{program, true});
+        const gs::CliHost host{program, true, python_interrupt};
+        try {
+          // Without the GIL: operators written in Python take it when the dispatcher calls
+          // them, and autograd's device threads take it for Python backward nodes.
+          py::gil_scoped_release release;
+          return gs::run_cli(args, host);
+        } catch (const gs::RunInterrupted&) {
+          throw py::error_already_set();  // the KeyboardInterrupt PyErr_CheckSignals raised
+        }
       },
       py::arg("args"), py::arg("program") = "python3 -m gradscope",
       "runs `gradscope ARGS...` in this process and returns its exit code; `program` starts "
@@ -405,11 +417,17 @@ PYBIND11_MODULE(_gradscope, m) {
         o.quiet = a.quiet;
         o.allow_unsupported = a.allow_unsupported;
         o.fail_fast = a.fail_fast;
+        o.poll = python_interrupt;
         auto list = selected(cases);
-        py::gil_scoped_release release;  // Python operators take it when called
-        auto report = gs::run_cases(std::move(list), o, a.program);
-        auto verdict = gs::run_verdict(report, o);
-        return std::make_pair(std::move(report.cases), verdict);
+        std::optional<rp::RunReport> report;
+        try {
+          py::gil_scoped_release release;  // Python operators take it when called
+          report = gs::run_cases(std::move(list), o, a.program);
+        } catch (const gs::RunInterrupted&) {
+          throw py::error_already_set();  // the KeyboardInterrupt PyErr_CheckSignals raised
+        }
+        auto verdict = gs::run_verdict(*report, o);
+        return std::make_pair(std::move(report->cases), verdict);
       },
       py::arg("cases"), py::arg("args"),
       "runs the cases in this process; returns each case's result and the run's verdict");
