@@ -114,6 +114,9 @@ struct KindDecl {
   // Under torchrun, the processes that run a case together (kind fsdp: its world_size); unset
   // or 0: any one process runs it, and a suite spreads such cases over them.
   std::function<int64_t(const CaseSpec&)> processes_needed;
+  // The names a case takes its activation and output gradients by (a `tensors` file's, or a
+  // host program's tensors: x, dy; dq, dk, dv); unset: the kind takes none.
+  std::function<std::vector<std::string>(const CaseSpec&)> inputs;
   std::function<std::unique_ptr<Testbed>(const CaseContext&)> testbed;
   // Draws the kind's own fields of a random valid case (`gradscope sample`); unset: the
   // sampler does not draw the kind.
@@ -149,6 +152,9 @@ class CaseKind {
   double host_bytes_at_least(const CaseSpec& spec) const;
   int64_t processes_needed(const CaseSpec& spec) const;
   bool sampled() const { return static_cast<bool>(decl_.sample); }
+  std::vector<std::string> inputs(const CaseSpec& spec) const {
+    return decl_.inputs ? decl_.inputs(spec) : std::vector<std::string>{};
+  }
   void sample(CaseDraw& draw) const { decl_.sample(draw); }
   // Runs the case's phases and returns every check, paths prefixed by `id`.
   CaseResult run(const CaseSpec& spec, const std::string& id, const RunOptions& options) const;

@@ -214,6 +214,7 @@ KindDecl layer_kind() {
     return s.get_string("prod_calls") == kDecoderLayer ? std::vector<std::string>{kDecoderLayer}
                                                        : ops;
   };
+  k.inputs = [](const CaseSpec&) { return std::vector<std::string>{"x", "dy"}; };
   k.host_bytes_at_least = ds::stack_reference_bytes;
   k.testbed = [](const CaseContext& c) { return std::make_unique<LayerTestbed>(c); };
   k.sample = [](CaseDraw& d) {

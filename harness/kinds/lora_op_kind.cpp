@@ -322,6 +322,11 @@ KindDecl lora_op_kind(LoraOpDecl op) {
       validate_gptq_shape(s, p.in, p.out, p.in_field, p.out_field);
     }
   };
+  k.inputs = [decl](const CaseSpec& s) {
+    std::vector<std::string> names{"x"};
+    for (const auto& o : decl->shape(s).outputs) names.push_back(o.grad);
+    return names;
+  };
   k.host_bytes_at_least = [decl](const CaseSpec& s) {
     double bytes = 0;
     for (const auto& p : decl->shape(s).projections) {

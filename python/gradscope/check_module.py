@@ -119,7 +119,7 @@ def check_module(
     origin = f"check_module(<{type(module).__name__}>)"
     built = _gradscope.build_cases(case.kind, case.fields(batch, seq, seed, zero_format),
                                    {"dtype": dtypes}, origin=origin)
-    given = _given_tensors(case, module, adapter, weights, inputs)
+    given = _given_tensors(case, module, adapter, weights, inputs, built[0].inputs)
     if given:  # each case consumes its own capsules
         source = f"{origin}: " + ("weights='module'" if weights == "module" else "inputs=")
         built = [c.with_tensors({n: to_dlpack(t) for n, t in given.items()}, source)
@@ -148,9 +148,10 @@ def check_module(
 
 
 def _given_tensors(case: readers.ModuleCase, module: torch.nn.Module, adapter: str,
-                   weights: str, inputs: Optional[Dict[str, torch.Tensor]]
-                   ) -> Dict[str, torch.Tensor]:
-    """The tensors the case takes from the module (weights="module") and from `inputs`."""
+                   weights: str, inputs: Optional[Dict[str, torch.Tensor]],
+                   expected: Sequence[str]) -> Dict[str, torch.Tensor]:
+    """The tensors the case takes from the module (weights="module") and from `inputs`, whose
+    names are the kind's (`expected`, from its declaration)."""
     given: Dict[str, torch.Tensor] = {}
     if weights == "module":
         given, redrawn = case.module_tensors(module, adapter)
@@ -158,7 +159,6 @@ def _given_tensors(case: readers.ModuleCase, module: torch.nn.Module, adapter: s
             warnings.warn(f"check_module: {name} is all zeros (peft's initialisation), "
                           "which makes every lora_A gradient zero: drawn from the case "
                           "instead", stacklevel=4)
-    expected = readers.input_names(case.kind)
     for name, t in (inputs or {}).items():
         if name not in expected:
             raise GradscopeInputError(f"inputs: {name!r} is not an input of kind {case.kind} "

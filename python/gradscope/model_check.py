@@ -13,7 +13,7 @@ from . import end_to_end as e2e
 from . import lora_linear
 from .check_module import check_module
 from .errors import GradscopeInputError, ModuleRefused
-from .readers import _ATTENTION, _MLP, _INPUT_NAMES, _is_decoder_layer, _lora_linear
+from .readers import _ATTENTION, _MLP, _is_decoder_layer, _lora_linear, input_names
 from .results import Case
 
 
@@ -188,8 +188,8 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
     for (path, name, _), grad in zip(outputs, grads):
         if grad is not None:
             captured[path][name] = grad.detach().clone()
-    missing = [f"{p}: {sorted(set(_INPUT_NAMES[k]) - set(captured[p]))}" for p, k in found
-               if set(_INPUT_NAMES[k]) - set(captured[p])]
+    missing = [f"{p}: {sorted(set(input_names(k)) - set(captured[p]))}" for p, k in found
+               if set(input_names(k)) - set(captured[p])]
     if missing:
         raise ModuleRefused("inputs='model': the model's forward and backward did not reach "
                             + "; ".join(missing))

@@ -5,6 +5,7 @@ is refused by name (ModuleRefused)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -205,14 +206,11 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
                         implementation == "eager", rotary[0](config=config).to(device))
 
 
-# The case's names of a kind's input and output gradients (docs/case-files.md).
-_INPUT_NAMES = {"lora_w": ("x", "dy"), "mlp": ("x", "dy"), "layer": ("x", "dy"),
-                "qkv": ("x", "dq", "dk", "dv")}
-
-
+@functools.lru_cache(maxsize=None)
 def input_names(kind: str) -> Tuple[str, ...]:
-    """The names a case of `kind` takes its activation and output gradients by."""
-    return _INPUT_NAMES[kind]
+    """The names a case of `kind` takes its activation and output gradients by, from the kind's
+    declaration (a case of its default fields)."""
+    return tuple(_gradscope.build_cases(kind, {}, origin="gradscope")[0].inputs)
 
 
 def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, LoraLinear],

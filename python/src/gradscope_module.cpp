@@ -316,6 +316,9 @@ PYBIND11_MODULE(_gradscope, m) {
       .def_readonly("id", &Case::id)
       .def_property_readonly("kind", [](const Case& c) { return c.spec.kind; })
       .def_property_readonly("fields", [](const Case& c) { return spec_dict(c.spec.fields()); })
+      .def_property_readonly(
+          "inputs", [](const Case& c) { return gs::find_kind(c.spec.kind)->inputs(c.spec); },
+          "the names the case takes its activation and output gradients by")
       .def(
           "with_tensors",
           [](const Case& c, const py::dict& tensors, const std::string& source) {
