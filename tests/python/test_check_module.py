@@ -1,6 +1,5 @@
 """gradscope.check_module on modules as users build them (docs/python.md, "check_module").
 
-Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers installed)
 1. peft's GPTQLoraLinear over a GPTQ QuantLinear passes in every dtype, with dropout and bias;
    its checks are named by the module's own parameter paths.
 2. transformers' LlamaMLP with LoRA on gate/up/down runs its own forward and passes (kind mlp);
@@ -27,12 +26,11 @@ Usage: check_module.py   (with gradscope on PYTHONPATH; peft and transformers in
 """
 import functools
 import os
-import tempfile
 import types
 import warnings
 
 import h5py
-
+import pytest
 import torch
 from lora_models import (ReadsV1AsV2, expect_failure, expect_refusal, lora, quant, tiny_llama,
                          tiny_llama_down_proj_bug)
@@ -137,25 +135,7 @@ def case_file(folder, text):
     return path
 
 
-def refused_file(tensors, words, case="lora_w", extra=""):
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "t.safetensors")
-        if tensors is not None:
-            save_file(tensors, path)
-        toml = os.path.join(d, "c.toml")
-        with open(toml, "w") as f:
-            f.write(f'kind = "{case}"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
-                    f'tensors = "{path}"\nseq = 5\n{extra}')
-        try:
-            gradscope.check(toml)
-        except gradscope.GradscopeInputError as e:
-            assert words in str(e), (words, str(e))
-            return
-        raise AssertionError(f"a tensors file was not refused ({words})")
-
-
-def main():
-    # 1. A LoRA linear.
+def test_a_lora_linear():
     m = lora(quant(256, 96, bias=True), r=8, alpha=16.0, p=0.1)
     cases = gradscope.check_module(m)
     assert [c.status for c in cases] == ["pass"] * 3, cases
@@ -165,7 +145,8 @@ def main():
     assert gradscope.check_module(lora(quant(128, 64, bits=3, group=32), rslora=True),
                                   dtypes="bf16")[0].passed
 
-    # 2. transformers' modules.
+
+def test_transformers_mlp_and_attention():
     config = LlamaConfig(hidden_size=128, intermediate_size=352, num_attention_heads=4,
                          num_key_value_heads=2, hidden_act="silu")
     mlp = LlamaMLP(config)
@@ -184,7 +165,8 @@ def main():
     cases = gradscope.check_module(fuse_qkv(attention), kind="qkv", dtypes=["fp32", "fp16"])
     assert all(c.passed for c in cases), cases
 
-    # 3. Planted bugs, named by the module's paths.
+
+def test_planted_bugs_named_by_the_modules_paths():
     expect_failure(lora(quant(256, 96, cls=ReadsV1AsV2)), ["output", "input.grad"])
     text = expect_failure(lora(quant(256, 96), alpha=32.0, cls=ForgetsScalingInBackward),
                           ["lora_A.default.weight.grad", "lora_B.default.weight.grad"],
@@ -192,7 +174,8 @@ def main():
     assert ("replay: gradscope.check_module(<ForgetsScalingInBackward>, kind='lora_w', "
             "dtypes='fp32'") in text, text
 
-    # 4. Refusals.
+
+def test_refusals():
     gelu = LlamaMLP(LlamaConfig(hidden_size=128, intermediate_size=352, hidden_act="gelu"))
     for name, (i, o) in {"gate_proj": (128, 352), "up_proj": (128, 352),
                          "down_proj": (352, 128)}.items():
@@ -205,7 +188,9 @@ def main():
     disabled = lora(quant(128, 64, group=32))
     disabled.enable_adapters(False)  # its forward is the base alone
     expect_refusal(disabled, "does not run adapter 'default' alone")
-    # 5. A model, module by module.
+
+
+def test_a_model_module_by_module():
     model = tiny_llama()
     report = gradscope.check_model(model)
     assert report.passed and [(m.path, m.kind) for m in report.modules] == [
@@ -213,18 +198,17 @@ def main():
         ("model.layers.0.mlp", "mlp"), ("model.layers.1.self_attn", "qkv"),
         ("model.layers.1.self_attn.o_proj", "lora_w"), ("model.layers.1.mlp", "mlp")], report
     model = tiny_llama_down_proj_bug()
-    try:
+    with pytest.raises(AssertionError) as e:
         gradscope.check_model(model)
-        raise RuntimeError("a planted bug in layer 1 passed check_model")
-    except AssertionError as e:
-        text = str(e)
-        assert text.startswith("first divergence: model.layers.1.mlp (mlp); 1 of 6 modules"), text
-        assert "  model.layers.1.mlp.output: " in text, text
+    text = str(e.value)
+    assert text.startswith("first divergence: model.layers.1.mlp (mlp); 1 of 6 modules"), text
+    assert "  model.layers.1.mlp.output: " in text, text
     report = gradscope.check_model(model, raise_on_failure=False)
     assert [m.passed for m in report.modules] == [True] * 5 + [False], report.table()
-    print(report.table())
 
-    # 6. The module's own weights. The caching base has run once (its model's forward).
+
+def test_the_modules_own_weights():
+    """The caching base has run once (its model's forward)."""
     def stale_module():
         m = adapters_drawn(lora(filled(quant(128, 64, bias=True, cls=CachesItsWeight), 3)), 4)
         m(torch.randn(2, 128))
@@ -251,80 +235,91 @@ def main():
         warnings.simplefilter("ignore")  # the other five projections' lora_B are peft's zeros
         assert gradscope.check_module(layer, weights="module", dtypes="bf16")[0].passed
 
-    # 7. What a tensors file gives is what every implementation and the reference ran on (the
-    # dump's inputs), rounded once to the case's dtype.
-    with tempfile.TemporaryDirectory() as d:
-        g = torch.Generator().manual_seed(8)
-        given = {"x": torch.randn(2, 5, 64, generator=g), "dy": torch.randn(2, 5, 32, generator=g),
-                 "o_proj.lora_A": torch.randn(8, 64, generator=g, dtype=torch.float64).float(),
-                 "o_proj.lora_B": torch.randn(32, 8, generator=g)}
-        save_file(given, os.path.join(d, "t.safetensors"))
-        with open(os.path.join(d, "c.toml"), "w") as f:
-            f.write(f'kind = "lora_w"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
-                    f'seq = 5\ndtype = "bf16"\ntensors = "{d}/t.safetensors"\n')
-        [case] = gradscope.check(os.path.join(d, "c.toml"),
-                                 dump=os.path.join(d, "dump.h5"))
-        assert case.passed, case
-        with h5py.File(os.path.join(d, "dump.h5"), "r") as f:
-            inputs = f[case.id]["inputs"]
-            for name, t in given.items():
-                want = t.to(torch.bfloat16 if name in ("x", "dy") else torch.float32).double()
-                assert torch.equal(torch.from_numpy(inputs[name][()]).double(), want), name
-    # make_case gives a case's tensors under those names: fed back as the case's tensors file,
-    # the case judges the same values (every max_abs and limit the same, bit for bit).
-    with tempfile.TemporaryDirectory() as d:
-        for text in ('kind = "qkv"\nhidden = 128\nheads = 4\nkv_heads = 2\nbias = true\n'
-                     'dtype = "bf16"\nseq = 9\n',
-                     'kind = "layer"\nlayers = 2\nseq = 9\ndtype = "fp16"\n'):
-            plain = os.path.join(d, "plain.toml")
-            with open(plain, "w") as f:
-                f.write(text)
-            tensors = gradscope.make_case(plain)
-            assert "x" in tensors and any(k.endswith("q_proj.qweight") for k in tensors), tensors
-            save_file(tensors, os.path.join(d, "t.safetensors"))
-            given = os.path.join(d, "given.toml")
-            with open(given, "w") as f:
-                f.write(text + f'tensors = "{d}/t.safetensors"\n')
-            [a], [b] = gradscope.check(plain), gradscope.check(given)
-            assert a.passed and b.passed, (a, b)
-            assert [(k.max_abs, k.limit) for k in a.checks] == [
-                (k.max_abs, k.limit) for k in b.checks], (a.checks, b.checks)
-        for args, kw, words in [
-                ((plain,), {"filter": "no-such-case*"}, "no case id matches"),
-                ((plain, case_file(d, 'kind = "qkv"\n[matrix]\ndtype = ["fp32", "bf16"]\n')),
-                 {}, "the selection holds 3 cases; select one"),
-                ((case_file(d, 'kind = "dequant"\n'),), {},
-                 "kind 'dequant' does not list its generated tensors")]:
-            try:
-                gradscope.make_case(list(args), **kw)
-                raise RuntimeError(f"make_case{args} did not raise")
-            except gradscope.GradscopeInputError as e:
-                assert words in str(e), (words, str(e))
-    # Tensors files that do not fit the case.
-    packed = {"o_proj.qweight": torch.zeros(8, 32, dtype=torch.int32),
-              "o_proj.qzeros": torch.zeros(2, 4, dtype=torch.int32),
-              "o_proj.scales": torch.ones(2, 32, dtype=torch.float16)}
-    refused_file({"o_proj.lora_A": torch.zeros(8, 65)},
-                 "tensor o_proj.lora_A is F32 [8, 65]; the case expects F32, F16 or BF16 [8, 64]")
-    refused_file({"o_proj.lora_a": torch.zeros(8, 64)}, "draws no tensor named o_proj.lora_a")
-    refused_file(packed, "o_proj has only some of qweight, qzeros, scales, g_idx")
-    refused_file({**packed, "o_proj.g_idx": torch.full((64,), 2, dtype=torch.int32)},
-                 "o_proj.g_idx names groups outside [0, 2)")
-    refused_file(None, "tensors must name a file; there is none at")
-    refused_file({"x": torch.zeros(2, 5, 64, dtype=torch.float64)},
-                 "tensor x is F64 [2, 5, 64]; the case expects F32, F16 or BF16 [2, 5, 64]")
-    nan = torch.zeros(2, 5, 64)
-    nan[1, 4, 63] = float("nan")
-    refused_file({"x": nan}, "tensor x holds a NaN or an infinity")
-    refused_file({"x": torch.full((2, 5, 64), 1e6)}, "tensor x overflows fp16",
-                 extra='dtype = "fp16"\n')
-    refused_file({"x": torch.zeros(2, 5, 64)}, "input-profile fields (profile, x_scale",
-                 extra="x_scale = 2.0\n")
-    print("check_module: a LoRA linear, LlamaMLP and LlamaAttention's q/k/v pass; two planted "
-          "bugs fail by parameter path; three unmodelled modules refused by name; check_model "
-          "finds the first divergence in a two-layer Llama; weights='module' runs on the module's "
-          "own weights; nine bad tensors files refused by name")
+
+def test_a_tensors_file_is_what_every_implementation_ran_on(tmp_path):
+    """What a tensors file gives is what every implementation and the reference ran on (the
+    dump's inputs), rounded once to the case's dtype."""
+    d = str(tmp_path)
+    g = torch.Generator().manual_seed(8)
+    given = {"x": torch.randn(2, 5, 64, generator=g), "dy": torch.randn(2, 5, 32, generator=g),
+             "o_proj.lora_A": torch.randn(8, 64, generator=g, dtype=torch.float64).float(),
+             "o_proj.lora_B": torch.randn(32, 8, generator=g)}
+    save_file(given, os.path.join(d, "t.safetensors"))
+    with open(os.path.join(d, "c.toml"), "w") as f:
+        f.write(f'kind = "lora_w"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
+                f'seq = 5\ndtype = "bf16"\ntensors = "{d}/t.safetensors"\n')
+    [case] = gradscope.check(os.path.join(d, "c.toml"),
+                             dump=os.path.join(d, "dump.h5"))
+    assert case.passed, case
+    with h5py.File(os.path.join(d, "dump.h5"), "r") as f:
+        inputs = f[case.id]["inputs"]
+        for name, t in given.items():
+            want = t.to(torch.bfloat16 if name in ("x", "dy") else torch.float32).double()
+            assert torch.equal(torch.from_numpy(inputs[name][()]).double(), want), name
 
 
-if __name__ == "__main__":
-    main()
+def test_make_case_fed_back_gives_the_same_values(tmp_path):
+    """make_case gives a case's tensors under those names: fed back as the case's tensors file,
+    the case judges the same values (every max_abs and limit the same, bit for bit)."""
+    d = str(tmp_path)
+    for text in ('kind = "qkv"\nhidden = 128\nheads = 4\nkv_heads = 2\nbias = true\n'
+                 'dtype = "bf16"\nseq = 9\n',
+                 'kind = "layer"\nlayers = 2\nseq = 9\ndtype = "fp16"\n'):
+        plain = os.path.join(d, "plain.toml")
+        with open(plain, "w") as f:
+            f.write(text)
+        tensors = gradscope.make_case(plain)
+        assert "x" in tensors and any(k.endswith("q_proj.qweight") for k in tensors), tensors
+        save_file(tensors, os.path.join(d, "t.safetensors"))
+        given = os.path.join(d, "given.toml")
+        with open(given, "w") as f:
+            f.write(text + f'tensors = "{d}/t.safetensors"\n')
+        [a], [b] = gradscope.check(plain), gradscope.check(given)
+        assert a.passed and b.passed, (a, b)
+        assert [(k.max_abs, k.limit) for k in a.checks] == [
+            (k.max_abs, k.limit) for k in b.checks], (a.checks, b.checks)
+    for args, kw, words in [
+            ((plain,), {"filter": "no-such-case*"}, "no case id matches"),
+            ((plain, case_file(d, 'kind = "qkv"\n[matrix]\ndtype = ["fp32", "bf16"]\n')),
+             {}, "the selection holds 3 cases; select one"),
+            ((case_file(d, 'kind = "dequant"\n'),), {},
+             "kind 'dequant' does not list its generated tensors")]:
+        with pytest.raises(gradscope.GradscopeInputError) as e:
+            gradscope.make_case(list(args), **kw)
+        assert words in str(e.value), (words, str(e.value))
+
+
+_PACKED = {"o_proj.qweight": torch.zeros(8, 32, dtype=torch.int32),
+           "o_proj.qzeros": torch.zeros(2, 4, dtype=torch.int32),
+           "o_proj.scales": torch.ones(2, 32, dtype=torch.float16)}
+_NAN = torch.zeros(2, 5, 64)
+_NAN[1, 4, 63] = float("nan")
+REFUSED_FILES = [  # (tensors, what the refusal says, more case text)
+    ({"o_proj.lora_A": torch.zeros(8, 65)},
+     "tensor o_proj.lora_A is F32 [8, 65]; the case expects F32, F16 or BF16 [8, 64]", ""),
+    ({"o_proj.lora_a": torch.zeros(8, 64)}, "draws no tensor named o_proj.lora_a", ""),
+    (_PACKED, "o_proj has only some of qweight, qzeros, scales, g_idx", ""),
+    ({**_PACKED, "o_proj.g_idx": torch.full((64,), 2, dtype=torch.int32)},
+     "o_proj.g_idx names groups outside [0, 2)", ""),
+    (None, "tensors must name a file; there is none at", ""),
+    ({"x": torch.zeros(2, 5, 64, dtype=torch.float64)},
+     "tensor x is F64 [2, 5, 64]; the case expects F32, F16 or BF16 [2, 5, 64]", ""),
+    ({"x": _NAN}, "tensor x holds a NaN or an infinity", ""),
+    ({"x": torch.full((2, 5, 64), 1e6)}, "tensor x overflows fp16", 'dtype = "fp16"\n'),
+    ({"x": torch.zeros(2, 5, 64)}, "input-profile fields (profile, x_scale", "x_scale = 2.0\n"),
+]
+
+
+@pytest.mark.parametrize("tensors, words, extra", REFUSED_FILES,
+                         ids=[w.split(";")[0][:40] for _, w, _ in REFUSED_FILES])
+def test_a_tensors_file_that_does_not_fit_is_refused(tmp_path, tensors, words, extra):
+    path = str(tmp_path / "t.safetensors")
+    if tensors is not None:
+        save_file(tensors, path)
+    toml = str(tmp_path / "c.toml")
+    with open(toml, "w") as f:
+        f.write(f'kind = "lora_w"\nin_features = 64\nout_features = 32\ngroup_size = 32\n'
+                f'tensors = "{path}"\nseq = 5\n{extra}')
+    with pytest.raises(gradscope.GradscopeInputError) as e:
+        gradscope.check(toml)
+    assert words in str(e.value), (words, str(e.value))
