@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -96,6 +97,22 @@ def test_without_options_the_plugin_collects_nothing_and_offers_the_fixture(
     """)
     result = run(*PLAIN)
     result.assert_outcomes(passed=1)
+
+
+def test_the_fixtures_replay_line_runs_as_printed(run, pytester: pytest.Pytester) -> None:
+    """A failure through the gradscope_check fixture names the modules --gradscope-import
+    imported, so its replay line reruns the case with the same implementation (exit 1)."""
+    pytester.makepyfile(test_mine=f"""
+        def test_my_kernels(gradscope_check):
+            gradscope_check({LORA_W!r}, filter="*fp32*r8*p0.1.bias*")
+    """)
+    result = run("--gradscope-impl", "plain_py_unscaled", "--gradscope-import", "plain_torch_impl")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    replay = re.search(r"replay: (python3 -m gradscope run .*)", out)
+    assert replay and replay.group(1).endswith("--import 'plain_torch_impl'"), out
+    again = subprocess.run(replay.group(1), shell=True, capture_output=True, text=True)
+    assert again.returncode == 1 and "1 failed" in again.stdout, (replay.group(1), again)
 
 
 def test_the_check_module_fixture_takes_the_seed(run, pytester: pytest.Pytester) -> None:
