@@ -99,12 +99,16 @@ Matrix causal_probabilities(const Matrix& q, const Matrix& k, int64_t i0, int64_
 
 }  // namespace
 
+double attention_scale(const AttentionShape& s) {
+  return s.scaling > 0 ? s.scaling : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+}
+
 Matrix attention_forward(const Matrix& q, const Matrix& k, const Matrix& v, const AttentionShape& s,
                          int64_t tile_rows) {
   check_tile_rows(tile_rows);
   Matrix out = Matrix::Zero(q.rows(), q.cols());
   const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = attention_scale(s);
   // One (batch, head) per thread: each writes its own block of out.
   for_each_row(s.batch * s.heads, [&](int64_t bh) {
     const int64_t b = bh / s.heads, h = bh % s.heads, g = h / group;
@@ -126,7 +130,7 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
   AttentionGrads g{Matrix::Zero(q.rows(), q.cols()), Matrix::Zero(k.rows(), k.cols()),
                    Matrix::Zero(v.rows(), v.cols())};
   const int64_t d = s.head_dim, n = s.seq, group = s.heads / s.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = attention_scale(s);
   // One (batch, query head) per thread. The heads of a group share k and v: each head's
   // share of dk and dv is kept apart and the shares are summed afterwards in head order,
   // so the result does not depend on the thread count.
@@ -174,10 +178,11 @@ LayerTape layer_tape(const Matrix& x, const Layer& l, const AttentionShape& s) {
   t.qr = rope_forward(t.q, s, s.heads);
   t.kr = rope_forward(t.k, s, s.kv_heads);
   t.attn = attention_forward(t.qr, t.kr, t.v, s);
-  t.h = x + lora_forward(t.attn, l.o, none);
+  const double m = l.residual_multiplier;
+  t.h = x + m * lora_forward(t.attn, l.o, none);
   t.n2 = rmsnorm_forward(t.h, l.post_attention_norm);
   t.mlp = mlp_tape(t.n2, l.gate, l.up, none);
-  t.out = t.h + lora_forward(swiglu(t.mlp.e, t.mlp.g), l.down, none);
+  t.out = t.h + m * lora_forward(swiglu(t.mlp.e, t.mlp.g), l.down, none);
   return t;
 }
 
@@ -194,12 +199,14 @@ LayerGrads layer_backward(const LayerTape& t, const Matrix& x, const Matrix& dy,
                           const AttentionShape& s) {
   const Dropout none;
   LayerGrads g;
-  const auto mlp = mlp_backward(t.mlp, t.n2, dy, l.gate, l.up, l.down, none, none);
+  // Each residual branch's gradient is m times its sum's.
+  const double m = l.residual_multiplier;
+  const auto mlp = mlp_backward(t.mlp, t.n2, m * dy, l.gate, l.up, l.down, none, none);
   g.gate = mlp.gate;
   g.up = mlp.up;
   g.down = mlp.down;
   const Matrix dh = dy + rmsnorm_backward(t.h, mlp.dx, l.post_attention_norm);
-  g.o = lora_backward(t.attn, dh, l.o, none);
+  g.o = lora_backward(t.attn, m * dh, l.o, none);
   const auto attn = attention_backward(t.qr, t.kr, t.v, g.o.dx, s);
   const auto qkv =
       qkv_backward(t.n1, rope_backward(attn.dq, s, s.heads), rope_backward(attn.dk, s, s.kv_heads),

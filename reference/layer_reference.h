@@ -23,7 +23,9 @@ struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
   double rope_theta = 10000.0;
   int64_t position_offset = 0;  // position of a sequence's first token
+  double scaling = 0;           // the scores' scale; 0: 1 / sqrt(head_dim)
 };
+double attention_scale(const AttentionShape& s);
 
 // Rotates each head's pairs (i, i + head_dim / 2) by position * theta^(-2i / head_dim);
 // the position of row b * seq + t is position_offset + t. `heads` is the number of heads in x's
@@ -32,7 +34,7 @@ Matrix rope_forward(const Matrix& x, const AttentionShape& s, int64_t heads);
 // The transpose (inverse) rotation: dx from dy.
 Matrix rope_backward(const Matrix& dy, const AttentionShape& s, int64_t heads);
 
-// softmax(q k^T / sqrt(head_dim) + causal mask) v per (batch, query head), by tiles of
+// softmax(q k^T attention_scale(s) + causal mask) v per (batch, query head), by tiles of
 // `tile_rows` query rows against the keys they may attend (the tile changes no value beyond
 // fp64 rounding: the masked probabilities it skips are exact zeros).
 inline constexpr int64_t kAttentionTileRows = 128;
@@ -45,11 +47,13 @@ AttentionGrads attention_backward(const Matrix& q, const Matrix& k, const Matrix
                                   const Matrix& dout, const AttentionShape& s,
                                   int64_t tile_rows = kAttentionTileRows);
 
-// One decoder layer: h = x + o_proj(attention(rope(q), rope(k), v)) with q, k, v =
-// qkv(rmsnorm1(x)); out = h + mlp(rmsnorm2(h)). Dropout is off inside the layer.
+// One decoder layer: h = x + m o_proj(attention(rope(q), rope(k), v)) with q, k, v =
+// qkv(rmsnorm1(x)); out = h + m mlp(rmsnorm2(h)), m the family's residual multiplier
+// (docs/model-families.md). Dropout is off inside the layer.
 struct Layer {
   RmsNorm input_norm, post_attention_norm;
   Projection q, k, v, o, gate, up, down;
+  double residual_multiplier = 1.0;
 };
 struct LayerGrads {
   Matrix dx;

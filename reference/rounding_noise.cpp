@@ -585,13 +585,8 @@ Head head_of(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& va
   const auto blk = [&](const Matrix& m, int64_t col) {
     return m.size() ? Matrix(m.block(b * s.seq, col * d, s.seq, d)) : Matrix();
   };
-  return {blk(q, h),
-          blk(k, kv),
-          blk(v, kv),
-          blk(var_q, h),
-          blk(var_k, kv),
-          blk(var_v, kv),
-          1.0 / std::sqrt(static_cast<double>(d))};
+  return {blk(q, h),      blk(k, kv),     blk(v, kv),        blk(var_q, h),
+          blk(var_k, kv), blk(var_v, kv), attention_scale(s)};
 }
 
 // Rows [i0, i1) of a head's causal attention. Every key from i1 on is masked for all of them,
@@ -896,6 +891,19 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
   return out;
 }
 
+namespace {
+
+// m y for a residual branch y of variance var_y (empty: exact): Hugging Face's Granite rounds
+// the product to the activation format; m = 1 is no product at all.
+Matrix residual_branch_variance(const Matrix& y, const Matrix& var_y, double m, const Format& act) {
+  if (m == 1.0) return var_y;
+  const Matrix scaled = m * y;
+  return var_y.size() ? Matrix(m * m * var_y + rounding_variance(scaled, act))
+                      : rounding_variance(scaled, act);
+}
+
+}  // namespace
+
 RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, const Matrix& x,
                                                          const Matrix& var_x, const Layer& l,
                                                          const AttentionShape& s,
@@ -920,8 +928,10 @@ RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, con
                                       kAttentionTileRows, scores);
   store(name + "/attention_scores", Matrix::Constant(1, 1, max_score));
   store(name + "/attention", t.attn);
-  f.fo = lora_forward(t.attn, f.attn, l.o, none, t.h - x, name + "/o_proj");
-  f.h = plus(var_x, f.fo.y) + rounding_variance(t.h, act);
+  const double m = l.residual_multiplier;
+  f.fo = lora_forward(t.attn, f.attn, l.o, none, (t.h - x) / m, name + "/o_proj");
+  f.h = plus(var_x, residual_branch_variance((t.h - x) / m, f.fo.y, m, act)) +
+        rounding_variance(t.h, act);
   store(name + "/residual", t.h);
   f.n2 = rmsnorm_variance(t.h, f.h, l.post_attention_norm, act, acc);
   store(name + "/post_attention_norm", t.n2);
@@ -932,8 +942,9 @@ RoundingNoise::LayerForward RoundingNoise::layer_forward(const LayerTape& t, con
   // e and g both carry n2's error: correlated, bounded by twice the sum of their variances.
   f.hm = swiglu_variance(t.mlp.e, t.mlp.g, f.e, f.g, act, acc, 2.0);
   store(name + "/mlp/h", hm);
-  f.fdown = lora_forward(hm, f.hm, l.down, none, t.out - t.h, name + "/down_proj");
-  f.out = f.h + f.fdown.y + rounding_variance(t.out, act);
+  f.fdown = lora_forward(hm, f.hm, l.down, none, (t.out - t.h) / m, name + "/down_proj");
+  f.out = f.h + residual_branch_variance((t.out - t.h) / m, f.fdown.y, m, act) +
+          rounding_variance(t.out, act);
   store(name + "/output", t.out);
   return f;
 }
@@ -948,10 +959,12 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
   LayerNoise n;
   n.out = f.out;
 
-  // The MLP's backward on n2 (with its variance) from the exact dy.
+  // The MLP's backward on n2 (with its variance) from the exact dy, times the residual
+  // multiplier m (a product rounded to the activation format where m != 1).
+  const double m = l.residual_multiplier;
   const Matrix hm = swiglu(t.mlp.e, t.mlp.g);
-  n.down =
-      lora_backward(hm, f.hm, dy, exact, l.down, none, f.fdown, grads.down, name + "/down_proj");
+  n.down = lora_backward(hm, f.hm, m * dy, residual_branch_variance(dy, exact, m, act), l.down,
+                         none, f.fdown, grads.down, name + "/down_proj");
   const auto sg =
       swiglu_backward_variance(t.mlp.e, t.mlp.g, grads.down.dx, f.e, f.g, n.down.dx, act, acc, 2.0);
   store(name + "/mlp/dh", grads.down.dx);
@@ -973,7 +986,8 @@ LayerNoise RoundingNoise::layer(const LayerTape& t, const Matrix& x, const Matri
       rounding_variance(dh - dy, act) + rounding_variance(dh, act);
   store(name + "/post_attention_norm.backward", dh_norm);
   store(name + "/residual.grad", dh);
-  n.o = lora_backward(t.attn, f.attn, dh, var_dh, l.o, none, f.fo, grads.o, name + "/o_proj");
+  n.o = lora_backward(t.attn, f.attn, m * dh, residual_branch_variance(dh, var_dh, m, act), l.o,
+                      none, f.fo, grads.o, name + "/o_proj");
 
   const auto at = attention_backward_variance(t.qr, t.kr, t.v, grads.o.dx, f.qr, f.kr, f.v, n.o.dx,
                                               s, act, acc);

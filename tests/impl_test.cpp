@@ -34,12 +34,12 @@ TEST(Impl, PlainTorchLoraWPassesEverySmokeCase) {
                           {kCases + "/smoke/lora_w.toml", "--quiet", "--json", dir.path("r.json")});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "24 passed, 0 failed")) << r.out;
-  EXPECT_TRUE(has(r.out, "implementation under test: plain_torch (schema 3; " + kLibrary + ")"))
+  EXPECT_TRUE(has(r.out, "implementation under test: plain_torch (schema 4; " + kLibrary + ")"))
       << r.out;
   std::ifstream in(dir.path("r.json"));
   const auto report = nlohmann::json::parse(in);
   EXPECT_EQ(report["implementation"]["namespace"], "plain_torch");
-  EXPECT_EQ(report["implementation"]["schema_version"], 3);
+  EXPECT_EQ(report["implementation"]["schema_version"], 4);
 }
 
 TEST(Impl, LeavingTheScalingOutFailsTheOutputAndBothAdapterGradients) {
@@ -115,7 +115,7 @@ TEST(Impl, WithoutTheOptionalDecoderLayerItsCasesAreUnsupported) {
   EXPECT_TRUE(has(r.out, "0 passed, 0 failed, 3 unsupported by plain_torch")) << r.out;
   EXPECT_TRUE(has(r.out,
                   "has no operator plain_torch::decoder_layer (expected "
-                  "plain_torch::decoder_layer(Tensor x, Tensor input_norm"))
+                  "plain_torch::decoder_layer(Tensor x, Dict(str, Tensor) norms"))
       << r.out;
   EXPECT_TRUE(has(r.err, "no case was judged: 3 unsupported")) << r.err;
   const auto mixed = run_impl("plain_torch", {kCases + "/smoke/layer_whole.toml",

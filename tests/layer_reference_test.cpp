@@ -102,14 +102,13 @@ TEST(LayerReference, AttentionDoesNotDependOnTheThreadCount) {
   EXPECT_TRUE(g1.dv == g4.dv);
 }
 
-TEST(LayerReferenceGrad, WholeLayer) {
-  Rng rng(4);
-  const int64_t hidden = kShape.heads * kShape.head_dim, rows = kShape.batch * kShape.seq;
-  Layer l = random_layer(rng, kShape, /*intermediate=*/24, /*rank=*/3);
+// The whole layer's gradients; `shape` and `l` carry a family's parts (docs/model-families.md).
+void expect_layer_gradients(Rng& rng, const AttentionShape& shape, Layer& l) {
+  const int64_t hidden = shape.heads * shape.head_dim, rows = shape.batch * shape.seq;
   Matrix x = rng.normal(rows, hidden);
   const Matrix dy = rng.normal(rows, hidden);
-  const auto g = layer_backward(x, dy, l, kShape);
-  const auto f = [&] { return dot(dy, layer_forward(x, l, kShape)); };
+  const auto g = layer_backward(x, dy, l, shape);
+  const auto f = [&] { return dot(dy, layer_forward(x, l, shape)); };
   expect_directional(f, x, g.dx, rng, "dx");
   const std::pair<Projection*, const ProjectionGrads*> projections[] = {
       {&l.q, &g.q},       {&l.k, &g.k},   {&l.v, &g.v},      {&l.o, &g.o},
@@ -118,6 +117,31 @@ TEST(LayerReferenceGrad, WholeLayer) {
     expect_directional(f, p->lora_A, pg->dA, rng, "dA");
     expect_directional(f, p->lora_B, pg->dB, rng, "dB");
   }
+}
+
+TEST(LayerReferenceGrad, WholeLayer) {
+  Rng rng(4);
+  Layer l = random_layer(rng, kShape, /*intermediate=*/24, /*rank=*/3);
+  expect_layer_gradients(rng, kShape, l);
+}
+
+// Granite's parts: the scores scaled by a configured factor, each residual branch by a
+// multiplier.
+TEST(LayerReferenceGrad, WholeLayerWithScaledScoresAndResidualBranches) {
+  Rng rng(5);
+  AttentionShape shape = kShape;
+  shape.scaling = 0.3;
+  Layer l = random_layer(rng, shape, /*intermediate=*/24, /*rank=*/3);
+  l.residual_multiplier = 0.22;
+  expect_layer_gradients(rng, shape, l);
+  // The parts change the layer: neither is a no-op.
+  const Matrix x = rng.normal(shape.batch * shape.seq, shape.heads * shape.head_dim);
+  Layer plain = l;
+  plain.residual_multiplier = 1.0;
+  EXPECT_GT((layer_forward(x, l, shape) - layer_forward(x, plain, shape)).norm(), 1e-3);
+  EXPECT_GT((layer_forward(x, l, shape) - layer_forward(x, l, kShape)).norm(), 1e-3);
+  EXPECT_DOUBLE_EQ(attention_scale(kShape), 0.5);
+  EXPECT_DOUBLE_EQ(attention_scale(shape), 0.3);
 }
 
 // The check is not vacuous: dropping RMSNorm's second term is caught.

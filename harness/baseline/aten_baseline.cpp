@@ -86,12 +86,13 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   // repeated here), so the two differ only in the LoRA kernels and the code around them.
   // An explicit softmax attention made fp32 cases fail on seeds where only the two
   // attention algorithms' rounding differed.
-  const auto attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
-                                                     1.0 / std::sqrt(static_cast<double>(d)))
-                        .permute({0, 2, 1, 3})
-                        .reshape({batch, seq, hidden});
-  const auto h = x + lora_linear(attn, l.o, none);
-  return h + baseline::lora_mlp(norm(h, l.post_attention_norm), l.gate, l.up, l.down, none, none);
+  const auto attn =
+      at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, attention_scale(l, d))
+          .permute({0, 2, 1, 3})
+          .reshape({batch, seq, hidden});
+  const auto h = x + residual_branch(l, lora_linear(attn, l.o, none));
+  return h + residual_branch(l, baseline::lora_mlp(norm(h, l.post_attention_norm), l.gate, l.up,
+                                                   l.down, none, none));
 }
 
 }  // namespace gradscope::baseline

@@ -335,12 +335,27 @@ at::Tensor Ops::lora_mlp(const at::Tensor& x, const LoraProjection& gate, const 
 
 at::Tensor Ops::decoder_layer(const at::Tensor& x, const DecoderLayer& l,
                               const LoraArgs& args) const {
-  auto out = call(
-      ns_, "decoder_layer",
-      {x, l.input_norm, l.post_attention_norm, projection_list(l.q), projection_list(l.k),
-       projection_list(l.v), projection_list(l.o), projection_list(l.gate), projection_list(l.up),
-       projection_list(l.down), static_cast<int64_t>(l.q.base.bits), to_string(l.q.base.format),
-       args.alpha, args.rslora, l.heads, l.kv_heads, l.norm_eps, l.rope_theta, l.position_offset});
+  const auto& keys = kDecoderLayerKeys;
+  c10::Dict<std::string, at::Tensor> norms;
+  norms.insert(keys.norms[0], l.input_norm);
+  norms.insert(keys.norms[1], l.post_attention_norm);
+  c10::Dict<std::string, c10::List<at::Tensor>> projections;
+  const LoraProjection* in_key_order[] = {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down};
+  for (size_t i = 0; i < std::size(keys.projections); ++i) {
+    projections.insert(keys.projections[i], projection_list(*in_key_order[i]));
+  }
+  c10::Dict<std::string, int64_t> sizes;
+  sizes.insert("heads", l.heads);
+  sizes.insert("kv_heads", l.kv_heads);
+  sizes.insert("position_offset", l.position_offset);
+  c10::Dict<std::string, double> values;
+  values.insert("rms_eps", l.norm_eps);
+  values.insert("rope_theta", l.rope_theta);
+  values.insert("attention_scale", attention_scale(l, l.input_norm.size(0) / l.heads));
+  values.insert("residual_multiplier", l.residual_multiplier);
+  auto out = call(ns_, "decoder_layer",
+                  {x, norms, projections, static_cast<int64_t>(l.q.base.bits),
+                   to_string(l.q.base.format), args.alpha, args.rslora, l.family, sizes, values});
   return out.at(0).toTensor();
 }
 

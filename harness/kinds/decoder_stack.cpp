@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <utility>
 
+#include "harness/common/input_error.h"
 #include "harness/common/tensor_bridge.h"
 #include "harness/generate/seeded_streams.h"
+#include "harness/spec/model_family.h"
 
 namespace gradscope::decoder_stack {
 
@@ -47,11 +49,51 @@ std::vector<FieldSpec> fields() {
       FieldSpec("rope_theta", FieldType::kFloat, kDefaultRopeTheta,
                 "RoPE base (default rotary embedding; Llama 3 uses 500000)")
           .in_range(1, 1e12),
+      FieldSpec("family", FieldType::kString, std::string("llama"),
+                "the model family whose decoder layer this is (families/<name>.toml)"),
+      FieldSpec("attention_scaling", FieldType::kFloat, 0.0,
+                "the attention scores' scale; 0: 1 / sqrt(head_dim) (a family that configures "
+                "it, e.g. Granite's attention_multiplier)")
+          .in_range(0, 1e3),
+      FieldSpec("residual_multiplier", FieldType::kFloat, 1.0,
+                "each block's output times it before its residual add (a family that "
+                "configures it, e.g. Granite's)")
+          .in_range(1e-6, 1e3),
   };
 }
 
+namespace {
+
+// The case's values of the parts its family configures; a value for a part the family does not
+// configure would judge its layer against another layer.
+void validate_family(const CaseSpec& s) {
+  const auto name = s.get_string("family");
+  model_families();  // a malformed declaration is an error of its own file
+  const ModelFamily* family = nullptr;
+  try {
+    family = &model_family(name);
+  } catch (const InputError& e) {
+    throw_field_error(s, "family", std::string("is not declared: ") + e.what());
+  }
+  if (!family->attention.scaling.configured() && s.get_float("attention_scaling") != 0.0) {
+    throw_field_error(s, "attention_scaling",
+                      "must be 0 for family " + name +
+                          ": it scales the scores by 1 / "
+                          "sqrt(head_dim) (" +
+                          family->file + ", attention.scaling = \"default\")");
+  }
+  if (!family->residual.multiplier.configured() && s.get_float("residual_multiplier") != 1.0) {
+    throw_field_error(s, "residual_multiplier",
+                      "must be 1 for family " + name + ": its residual adds are plain (" +
+                          family->file + ", residual.multiplier = \"default\")");
+  }
+}
+
+}  // namespace
+
 void validate(const CaseSpec& s, const std::string& kind) {
   tb::validate(s);
+  validate_family(s);
   const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
                 kv = s.get_int("kv_heads"), inter = s.get_int("intermediate");
   tb::validate_heads(s, /*rope=*/true);
@@ -93,7 +135,10 @@ Dims::Dims(const CaseSpec& s)
       position_offset(s.get_int("position_offset")),
       max_position(s.get_int("max_position")),
       rms_eps(s.get_float("rms_eps")),
-      rope_theta(s.get_float("rope_theta")) {}
+      rope_theta(s.get_float("rope_theta")),
+      attention_scaling(s.get_float("attention_scaling")),
+      residual_multiplier(s.get_float("residual_multiplier")),
+      family(s.get_string("family")) {}
 
 std::string Dims::id_part() const {
   std::string id = "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
@@ -103,6 +148,9 @@ std::string Dims::id_part() const {
   if (max_position != 4096) id += ".ctx" + std::to_string(max_position);
   if (rms_eps != kDefaultRmsEps) id += ".eps" + short_number(rms_eps);
   if (rope_theta != kDefaultRopeTheta) id += ".theta" + short_number(rope_theta);
+  if (family != "llama") id += "." + family;
+  if (attention_scaling != 0.0) id += ".as" + short_number(attention_scaling);
+  if (residual_multiplier != 1.0) id += ".rm" + short_number(residual_multiplier);
   return id;
 }
 
@@ -110,6 +158,7 @@ reference::AttentionShape Dims::attention(const tb::Config& c) const {
   reference::AttentionShape shape{c.batch, c.seq, heads, kv_heads, hidden / heads};
   shape.position_offset = first_position(c.seed, c.inputs, position_offset, max_position, c.seq);
   shape.rope_theta = rope_theta;
+  shape.scaling = attention_scaling;
   return shape;
 }
 
@@ -154,6 +203,7 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
     };
     L.input_norm = norm("input_norm", L.ref.input_norm);
     L.post_attention_norm = norm("post_attention_norm", L.ref.post_attention_norm);
+    L.ref.residual_multiplier = d.residual_multiplier;
   }
   return stack;
 }
@@ -171,6 +221,9 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
   layer.rope_theta = d.rope_theta;
   layer.heads = d.heads;
   layer.kv_heads = d.kv_heads;
+  layer.family = d.family;
+  layer.attention_scaling = d.attention_scaling;
+  layer.residual_multiplier = d.residual_multiplier;
   for (const auto& p : L.projections) member(layer, p.name) = p.of(role);
   return layer;
 }

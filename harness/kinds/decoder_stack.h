@@ -13,19 +13,22 @@
 namespace gradscope::decoder_stack {
 
 // hidden, intermediate, heads, kv_heads, layers, position_offset, max_position, rms_eps,
-// rope_theta.
+// rope_theta, family, attention_scaling, residual_multiplier.
 std::vector<FieldSpec> fields();
 // Heads dividing hidden into even widths, kv_heads dividing heads, GPTQ shapes, no
-// dropout (it is checked per op), batch >= 1.
+// dropout (it is checked per op), batch >= 1, a declared family configuring every part the
+// case gives a value.
 void validate(const CaseSpec& spec, const std::string& kind);
 
 struct Dims {
   int64_t hidden, intermediate, heads, kv_heads, layers;
   int64_t position_offset, max_position;
-  double rms_eps, rope_theta;
+  double rms_eps, rope_theta, attention_scaling, residual_multiplier;
+  std::string family;
   explicit Dims(const CaseSpec& spec);
   // "h128i256.q4kv2.L2", then ".pos<offset>", ".ctx<max_position>", ".eps<rms_eps>" and
-  // ".theta<rope_theta>" where not the default
+  // ".theta<rope_theta>", ".<family>", ".as<attention_scaling>" and ".rm<residual_multiplier>"
+  // where not the default
   std::string id_part() const;
   // The attention's shape and its tokens' first position (by the input profile).
   reference::AttentionShape attention(const lora_testbed::Config& c) const;

@@ -42,6 +42,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+double attention_scale(const DecoderLayer& l, int64_t head_dim) {
+  return l.attention_scaling > 0 ? l.attention_scaling
+                                 : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+at::Tensor residual_branch(const DecoderLayer& l, const at::Tensor& branch) {
+  return l.residual_multiplier == 1.0 ? branch : branch * l.residual_multiplier;
+}
+
 at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l, const LayerLoraOps& ops) {
   TORCH_CHECK(x.dim() == 3, "decoder_layer: x must be [batch, seq, hidden], got ", x.sizes());
   TORCH_CHECK(
@@ -60,12 +69,13 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l, const Layer
   const auto k = apply_rope(heads(qkv[1], l.kv_heads), cos, sin);
   const auto v = heads(qkv[2], l.kv_heads);
   const auto attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
-                                                     1.0 / std::sqrt(static_cast<double>(head_dim)),
+                                                     attention_scale(l, head_dim),
                                                      /*enable_gqa=*/l.heads != l.kv_heads);
   const auto merged = attn.transpose(1, 2).reshape({batch, seq, hidden});
-  const auto h = x + (ops.w ? ops.w(merged, l.o) : lora_w(merged, l.o));
+  const auto h = x + residual_branch(l, ops.w ? ops.w(merged, l.o) : lora_w(merged, l.o));
   const auto n2 = rms_norm(h, l.post_attention_norm, l.norm_eps);
-  return h + (ops.mlp ? ops.mlp(n2, l.gate, l.up, l.down) : lora_mlp(n2, l.gate, l.up, l.down));
+  return h + residual_branch(l, ops.mlp ? ops.mlp(n2, l.gate, l.up, l.down)
+                                        : lora_mlp(n2, l.gate, l.up, l.down));
 }
 
 }  // namespace gradscope

@@ -7,6 +7,8 @@
 // words and g_idx may be int32 or a bit-exact float view (FSDP storage).
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -106,37 +108,69 @@ at::Tensor lora_mlp_op(const at::Tensor& x, at::TensorList gate, at::TensorList 
                   dropout(mask_x, p), dropout(mask_h, p));
 }
 
-// gradscope's own decoder layer over its own fused LoRA ops.
-at::Tensor decoder_layer_op(const at::Tensor& x, const at::Tensor& input_norm,
-                            const at::Tensor& post_attention_norm, at::TensorList q,
-                            at::TensorList k, at::TensorList v, at::TensorList o,
-                            at::TensorList gate, at::TensorList up, at::TensorList down,
+// The dictionary's value under each of `keys`, in order; a missing or unknown key is an error
+// naming it and the keys expected.
+template <class V, size_t N>
+std::array<V, N> by_keys(const c10::Dict<std::string, V>& dict, const char* const (&keys)[N],
+                         const char* argument) {
+  std::string expected;
+  for (const char* k : keys) expected += std::string(expected.empty() ? "" : ", ") + k;
+  std::array<V, N> out;
+  for (size_t i = 0; i < N; ++i) {
+    const auto it = dict.find(keys[i]);
+    TORCH_CHECK(it != dict.end(), "gradscope.decoder_layer: ", argument, " has no key '", keys[i],
+                "' (expected ", expected, ")");
+    out[i] = it->value();
+  }
+  for (const auto& entry : dict) {
+    TORCH_CHECK(std::find_if(std::begin(keys), std::end(keys),
+                             [&](const char* k) { return entry.key() == k; }) != std::end(keys),
+                "gradscope.decoder_layer: ", argument, " has an unknown key '", entry.key(),
+                "' (expected ", expected, ")");
+  }
+  return out;
+}
+
+// gradscope's own decoder layer over its own fused LoRA ops: every declared family's, the parts
+// a family configures given as values (docs/model-families.md).
+at::Tensor decoder_layer_op(const at::Tensor& x, const c10::Dict<std::string, at::Tensor>& norms,
+                            const c10::Dict<std::string, c10::List<at::Tensor>>& projections,
                             int64_t bits, const std::string& format, double alpha, bool rslora,
-                            int64_t heads, int64_t kv_heads, double rms_eps, double rope_theta,
-                            int64_t position_offset) {
+                            const std::string& family, const c10::Dict<std::string, int64_t>& sizes,
+                            const c10::Dict<std::string, double>& values) {
+  const auto& keys = kDecoderLayerKeys;
+  const auto [input_norm, post_attention_norm] = by_keys(norms, keys.norms, "norms");
+  const auto [heads, kv_heads, position_offset] = by_keys(sizes, keys.sizes, "sizes");
+  const auto [rms_eps, rope_theta, scale, multiplier] = by_keys(values, keys.values, "values");
+  const auto lists = by_keys(projections, keys.projections, "projections");
   const int64_t hidden = x.size(-1);
   TORCH_CHECK(input_norm.dim() == 1 && input_norm.size(0) == hidden &&
                   post_attention_norm.dim() == 1 && post_attention_norm.size(0) == hidden,
               "gradscope.decoder_layer: the norms must be [", hidden, "], got ", input_norm.sizes(),
               " and ", post_attention_norm.sizes());
-  TORCH_CHECK(rms_eps > 0 && rope_theta > 0, "gradscope.decoder_layer: rms_eps and rope_theta ",
-              "must be positive, got ", rms_eps, " and ", rope_theta);
+  TORCH_CHECK(rms_eps > 0 && rope_theta > 0 && scale > 0 && multiplier > 0,
+              "gradscope.decoder_layer: rms_eps, rope_theta, attention_scale and "
+              "residual_multiplier must be positive, got ",
+              rms_eps, ", ", rope_theta, ", ", scale, " and ", multiplier);
   TORCH_CHECK(heads > 0 && hidden % heads == 0 && (hidden / heads) % 2 == 0,
               "gradscope.decoder_layer: ", heads, " heads must split hidden ", hidden,
               " into even head widths (RoPE rotates pairs)");
   DecoderLayer l;
+  l.family = family;
   l.input_norm = input_norm;
   l.post_attention_norm = post_attention_norm;
   l.norm_eps = rms_eps;
-  const auto p = [&](const char* name, at::TensorList t) {
-    return projection("decoder_layer", name, t, bits, format, alpha, rslora);
-  };
-  l.q = p("q", q), l.k = p("k", k), l.v = p("v", v), l.o = p("o", o);
-  l.gate = p("gate", gate), l.up = p("up", up), l.down = p("down", down);
+  LoraProjection* slots[] = {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down};
+  for (size_t i = 0; i < lists.size(); ++i) {
+    *slots[i] = projection("decoder_layer", keys.projections[i], lists[i].vec(), bits, format,
+                           alpha, rslora);
+  }
   l.heads = heads;
   l.kv_heads = kv_heads;
   l.rope_theta = rope_theta;
   l.position_offset = position_offset;
+  l.attention_scaling = scale;
+  l.residual_multiplier = multiplier;
   return decoder_layer(x, l);
 }
 

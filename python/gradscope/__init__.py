@@ -30,7 +30,7 @@ import scipy_openblas32  # noqa: E402  (the reference's BLAS, a dependency)
 ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True)))
 
 from ._gradscope import (FAULT_SWITCHES, OP_SCHEMA_VERSION, OP_SCHEMAS, CheckStatus,  # noqa: E402
-                         Outcome)
+                         ModelFamily, Outcome, families)
 from .api import check, define_ops, list_cases, make_case  # noqa: E402
 from .check_module import check_module  # noqa: E402
 from .cli import main  # noqa: E402
@@ -48,6 +48,7 @@ __all__ = [
     "FAULT_SWITCHES",
     "OP_SCHEMAS",
     "OP_SCHEMA_VERSION",
+    "ModelFamily",
     "ModelReport",
     "ModuleRefused",
     "ModuleResult",
@@ -56,6 +57,7 @@ __all__ = [
     "check_model",
     "check_module",
     "define_ops",
+    "families",
     "list_cases",
     "make_case",
     "main",

@@ -45,6 +45,41 @@ class Kind:
 
 def kinds() -> List[Kind]: ...
 
+class FamilyNorms:
+    kind: str
+    eps: str
+
+class FamilyRope:
+    types: List[str]
+    theta: str
+
+class FamilyAttention:
+    heads: str
+    kv_heads: str
+    mask: str
+    @property
+    def scaling(self) -> Optional[str]: ...
+    @property
+    def sliding_window(self) -> Optional[str]: ...
+
+class ModelFamily:
+    name: str
+    file: str
+    description: str
+    model_types: List[str]
+    norms: FamilyNorms
+    rope: FamilyRope
+    attention: FamilyAttention
+    @property
+    def activation(self) -> str: ...
+    @property
+    def residual_multiplier(self) -> Optional[str]: ...
+    self_attn: List[str]
+    mlp: List[str]
+
+def families() -> List[ModelFamily]: ...
+def families_dir() -> str: ...
+
 class CheckStatus(enum.Enum):
     PASS = 0
     FAIL = 1

@@ -82,10 +82,11 @@ def check_module(
     lora_A/lora_B/lora_dropout[adapter], r, lora_alpha, use_rslora; the base's qweight, qzeros,
     scales, g_idx, bits), an MLP whose gate_proj, up_proj and down_proj are such linears and
     whose act_fn is SiLU (kind mlp), or a module with such q_proj, k_proj, v_proj (kind qkv: the
-    three projections of one input), or a Llama-family decoder layer with such linears on all
-    seven projections (kind layer: transformers' LlamaDecoderLayer or MistralDecoderLayer called
-    whole, its own RMSNorm, rotary embedding, attention and residuals included; checks its
-    output, input gradient and every adapter gradient). `zero_format` says how the base's
+    three projections of one input), or a decoder layer of a declared model family (its
+    config.model_type in families/: Llama, Mistral, Granite; docs/model-families.md) with such
+    linears on all seven projections (kind layer: the layer called whole, its own RMSNorm,
+    rotary embedding, attention and residuals included; checks its output, input gradient and
+    every adapter gradient). `zero_format` says how the base's
     qzeros store zero points where the base has no `zero_format` attribute. `weights`: "case"
     draws every weight from the seeded case; "module" runs on the module's own packed bases,
     biases, adapters (and a layer's norms), a lora_B of zeros excepted (redrawn, with a

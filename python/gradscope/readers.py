@@ -101,18 +101,50 @@ def _activation_is_silu(mlp: torch.nn.Module) -> None:
 
 @dataclasses.dataclass
 class _LayerConfig:
-    """What the reference needs of a decoder layer beyond its projections, and how to call it."""
+    """What the reference needs of a decoder layer beyond its projections, read through its
+    family's declaration, and how to call it."""
 
+    family: str
     heads: int
     kv_heads: int
+    head_dim: int
     rms_eps: float
     rope_theta: float
+    attention_scaling: float  # 0: the default 1 / sqrt(head_dim) (the family configures none)
+    residual_multiplier: float
     eager: bool  # eager attention takes the causal mask; SDPA's is_causal applies it without one
     rotary: torch.nn.Module  # the model family's own rotary embedding, from the layer's config
 
+    @property
+    def attention_scale(self) -> float:
+        return self.attention_scaling or self.head_dim ** -0.5
 
-def _rms_norm_eps(layer: torch.nn.Module) -> float:
-    """The layers' shared epsilon, after probing that each norm is weight * x / rms(x)."""
+
+def family_of(config: Any, where: str) -> _gradscope.ModelFamily:
+    """The declared family of a Hugging Face config, by its model_type (docs/model-families.md),
+    or ModuleRefused: a layer is judged against its own family's reference or not at all."""
+    model_type = getattr(config, "model_type", None) or ""
+    families = _gradscope.families()
+    for family in families:
+        if model_type in family.model_types:
+            return family
+    declared = ", ".join(f"{t} ({f.name})" for f in families for t in f.model_types)
+    raise ModuleRefused(f"{where}: config.model_type {model_type!r} is declared by no model "
+                        f"family (declared: {declared}; docs/model-families.md tells how to add "
+                        "one): its layer is not judged against another family's reference")
+
+
+def _config_value(config: Any, attribute: str, family: _gradscope.ModelFamily) -> Any:
+    value = getattr(config, attribute, None)
+    if value is None:
+        raise ModuleRefused(f"config has no {attribute}, which family {family.name} reads "
+                            f"({family.file})")
+    return value
+
+
+def _rms_norm_eps(layer: torch.nn.Module, declared: float) -> float:
+    """The layers' shared epsilon, after probing that each norm is weight * x / rms(x) with the
+    epsilon its config declares."""
     eps = {}
     for name in ("input_layernorm", "post_attention_layernorm"):
         norm = getattr(layer, name)
@@ -140,21 +172,26 @@ def _rms_norm_eps(layer: torch.nn.Module) -> float:
         eps[name] = float(e)
     if len(set(eps.values())) != 1:
         raise ModuleRefused(f"the two norms' epsilons differ ({eps}): a case has one rms_eps")
-    return next(iter(eps.values()))
+    if next(iter(eps.values())) != declared:
+        raise ModuleRefused(f"the norms' epsilon {next(iter(eps.values()))} is not the config's "
+                            f"{declared}, which the layer's family reads")
+    return declared
 
 
 def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], seq: int
                   ) -> _LayerConfig:
-    """The decoder layer's configuration, or ModuleRefused naming what the reference does not
-    model."""
+    """The decoder layer's configuration, read as its family declares it, or ModuleRefused
+    naming what the reference does not model."""
     attn = layer.self_attn
     config = getattr(attn, "config", None)
     if config is None:
         raise ModuleRefused(f"{type(attn).__name__}: no config (num_attention_heads, "
                             "num_key_value_heads, rope_parameters): not a Hugging Face attention")
+    family = family_of(config, type(layer).__name__)
+    declared = family.attention
     hidden = projections["q_proj"].in_features
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    heads = int(_config_value(config, declared.heads, family))
+    kv_heads = int(getattr(config, declared.kv_heads, None) or heads)
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     if hidden % heads or head_dim != hidden // heads or projections["q_proj"].out_features != hidden:
         raise ModuleRefused(f"head_dim {head_dim} with {heads} heads over hidden {hidden}: the "
@@ -166,13 +203,14 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if not rope:  # transformers 4.x
         rope = dict(getattr(config, "rope_scaling", None) or {})
-        rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+        rope.setdefault(family.rope.theta, getattr(config, family.rope.theta, 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in family.rope.types:
         raise ModuleRefused(f"rope_parameters: rope_type {rope_type!r}: the reference models the "
-                            "default rotary embedding only")
-    if "rope_theta" not in rope:
-        raise ModuleRefused("rope_parameters has no rope_theta: the RoPE base is not known")
+                            f"{' and '.join(family.rope.types)} rotary embedding only")
+    if family.rope.theta not in rope:
+        raise ModuleRefused(f"rope_parameters has no {family.rope.theta}: the RoPE base is not "
+                            "known")
     partial = float(rope.get("partial_rotary_factor",
                              getattr(config, "partial_rotary_factor", 1.0) or 1.0))
     if partial != 1.0:
@@ -181,10 +219,15 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) != 0.0:
         raise ModuleRefused(f"attention_dropout {config.attention_dropout}: the reference's "
                             "attention has no dropout")
-    window = getattr(config, "sliding_window", None)
-    if window is not None and int(window) < seq:
-        raise ModuleRefused(f"sliding_window {window} < seq {seq}: the reference's attention is "
-                            "causal over the whole sequence (use seq <= sliding_window)")
+    if declared.sliding_window is not None:
+        window = getattr(config, declared.sliding_window, None)
+        if window is not None and int(window) < seq:
+            raise ModuleRefused(f"sliding_window {window} < seq {seq}: the reference's attention "
+                                "is causal over the whole sequence (use seq <= sliding_window)")
+    scaling = (0.0 if declared.scaling is None
+               else float(_config_value(config, declared.scaling, family)))
+    multiplier = (1.0 if family.residual_multiplier is None
+                  else float(_config_value(config, family.residual_multiplier, family)))
     # None: the attention interface falls back to eager (a layer built outside a model).
     implementation = getattr(config, "_attn_implementation", None) or "eager"
     if implementation not in ("sdpa", "eager"):
@@ -202,7 +245,10 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
                             "<Family>DecoderLayer class it is or derives from, to compute its "
                             "cos and sin")
     device = projections["q_proj"].device
-    return _LayerConfig(heads, kv_heads, _rms_norm_eps(layer), float(rope["rope_theta"]),
+    return _LayerConfig(family.name, heads, kv_heads, head_dim,
+                        _rms_norm_eps(layer, float(_config_value(config, family.norms.eps,
+                                                                 family))),
+                        float(rope[family.rope.theta]), scaling, multiplier,
                         implementation == "eager", rotary[0](config=config).to(device))
 
 
@@ -255,7 +301,9 @@ def _case_fields(kind: str, projections: Dict[str, LoraLinear], batch: int, seq:
         fields.update(hidden=projections["q_proj"].in_features,
                       intermediate=projections["gate_proj"].out_features, heads=layer.heads,
                       kv_heads=layer.kv_heads, layers=1, prod_calls="decoder_layer",
-                      rms_eps=layer.rms_eps, rope_theta=layer.rope_theta)
+                      rms_eps=layer.rms_eps, rope_theta=layer.rope_theta, family=layer.family,
+                      attention_scaling=layer.attention_scaling,
+                      residual_multiplier=layer.residual_multiplier)
     elif kind == "lora_w":
         p = projections[""]
         fields.update(in_features=p.in_features, out_features=p.out_features)

@@ -5,6 +5,7 @@ dropout; and the module's own names for the checks."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, List, Sequence
 
 import torch
@@ -116,21 +117,25 @@ def register(ns: str, case: ModuleCase, module: torch.nn.Module, adapter: str
                 stack.enter_context(_case_dropout(projections[name], adapter, mask, dropout_p))
             return torch.func.functional_call(module, tensors, (x,))
 
-    def decoder_layer(x, input_norm, post_attention_norm, q, k, v, o, gate, up, down, bits,
-                      zero_format, lora_alpha, use_rslora, heads, kv_heads, rms_eps, rope_theta,
-                      position_offset):
+    def decoder_layer(x, norms, layer_projections, bits, zero_format, lora_alpha, use_rslora,
+                      family, sizes, values):
         # The case was written from the layer's configuration: anything else is a harness bug.
         assert layer is not None
-        asked = (heads, kv_heads, rms_eps, rope_theta)
-        if asked != (layer.heads, layer.kv_heads, layer.rms_eps, layer.rope_theta):
-            raise RuntimeError(f"check_module: the case asks heads, kv_heads, rms_eps, rope_theta "
-                               f"{asked}, the layer has {layer}")
-        tensors = {"input_layernorm.weight": input_norm,
-                   "post_attention_layernorm.weight": post_attention_norm}
-        for name, t in zip(_ATTENTION + _MLP, (q, k, v, o, gate, up, down)):
+        asked = (family, sizes["heads"], sizes["kv_heads"], values["rms_eps"],
+                 values["rope_theta"], values["residual_multiplier"])
+        have = (layer.family, layer.heads, layer.kv_heads, layer.rms_eps, layer.rope_theta,
+                layer.residual_multiplier)
+        if asked != have or not math.isclose(values["attention_scale"], layer.attention_scale,
+                                             rel_tol=1e-12):
+            raise RuntimeError(f"check_module: the case asks family, heads, kv_heads, rms_eps, "
+                               f"rope_theta, residual_multiplier {asked} and attention_scale "
+                               f"{values['attention_scale']}, the layer has {layer}")
+        tensors = {f"{name}.weight": norms[name]
+                   for name in ("input_layernorm", "post_attention_layernorm")}
+        for name in _ATTENTION + _MLP:
             p = projections[name]
-            tensors.update(_tensors(p, t, adapter, p.path + "."))
-        return _layer_call(module, layer, x, tensors, position_offset)
+            tensors.update(_tensors(p, layer_projections[name], adapter, p.path + "."))
+        return _layer_call(module, layer, x, tensors, sizes["position_offset"])
 
     library.impl(op, {"lora_w": lora_w, "lora_qkv": lora_qkv, "lora_mlp": lora_mlp,
                       "decoder_layer": decoder_layer}[op], "CompositeImplicitAutograd")

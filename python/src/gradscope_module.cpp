@@ -12,6 +12,7 @@
 #include <cctype>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "harness/common/llama_projections.h"
 #include "harness/impl/impl_ops.h"
 #include "harness/kinds/case_tensors.h"
+#include "harness/spec/model_family.h"
 #include "harness/verdict/end_to_end_rule.h"
 #include "reports/hdf5_dump.h"
 #include "reports/model_report.h"
@@ -255,6 +257,48 @@ PYBIND11_MODULE(_gradscope, m) {
         return out;
       },
       py::return_value_policy::reference);
+
+  // The model families' declarations (docs/model-families.md). A configured value is the
+  // config attribute's name, or None for the part's default.
+  const auto configured = [](const gs::ConfiguredValue& v) -> std::optional<std::string> {
+    return v.configured() ? std::optional<std::string>(v.config) : std::nullopt;
+  };
+  py::class_<gs::ModelFamily::Norms>(m, "FamilyNorms", "a family's norms")
+      .def_readonly("kind", &gs::ModelFamily::Norms::kind)
+      .def_readonly("eps", &gs::ModelFamily::Norms::eps, "the config attribute of epsilon");
+  py::class_<gs::ModelFamily::Rope>(m, "FamilyRope", "a family's rotary embedding")
+      .def_readonly("types", &gs::ModelFamily::Rope::types, "the rope_type values it reads")
+      .def_readonly("theta", &gs::ModelFamily::Rope::theta, "the rope parameters' key of the base");
+  py::class_<gs::ModelFamily::Attention>(m, "FamilyAttention", "a family's attention")
+      .def_readonly("heads", &gs::ModelFamily::Attention::heads)
+      .def_readonly("kv_heads", &gs::ModelFamily::Attention::kv_heads)
+      .def_readonly("mask", &gs::ModelFamily::Attention::mask)
+      .def_property_readonly(
+          "scaling",
+          [configured](const gs::ModelFamily::Attention& a) { return configured(a.scaling); })
+      .def_property_readonly("sliding_window", [configured](const gs::ModelFamily::Attention& a) {
+        return configured(a.sliding_window);
+      });
+  py::class_<gs::ModelFamily>(m, "ModelFamily", "a model family's decoder layer, as declared")
+      .def_readonly("name", &gs::ModelFamily::name)
+      .def_readonly("file", &gs::ModelFamily::file)
+      .def_readonly("description", &gs::ModelFamily::description)
+      .def_readonly("model_types", &gs::ModelFamily::model_types)
+      .def_readonly("norms", &gs::ModelFamily::norms)
+      .def_readonly("rope", &gs::ModelFamily::rope)
+      .def_readonly("attention", &gs::ModelFamily::attention)
+      .def_property_readonly("activation",
+                             [](const gs::ModelFamily& f) { return f.mlp.activation; })
+      .def_property_readonly(
+          "residual_multiplier",
+          [configured](const gs::ModelFamily& f) { return configured(f.residual.multiplier); })
+      .def_readonly("self_attn", &gs::ModelFamily::self_attn)
+      .def_readonly("mlp", &gs::ModelFamily::mlp_projections)
+      .def("__repr__", [](const gs::ModelFamily& f) { return "ModelFamily(" + f.name + ")"; });
+  m.def(
+      "families", [] { return gs::model_families(); }, py::return_value_policy::reference,
+      "the declarations in families_dir(); GradscopeInputError for a malformed one");
+  m.def("families_dir", &gs::families_dir);
 
   // Results.
   // The enums' member names are the reports' words (report_types.cpp), upper case.

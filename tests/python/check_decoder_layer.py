@@ -15,8 +15,8 @@ Usage: check_decoder_layer.py [--device cuda]   (gradscope on PYTHONPATH; peft, 
    backward give it, and on its own weights: the model passes; the bug is found in layer 1
    (module model.layers.1.mlp) while layer 0, upstream of it in the forward and downstream in
    the backward, still passes.
-5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2's bias on
-   q/k/v alone, a sliding window narrower than the sequence, LoRA dropout inside the layer, a
+5. What the reference does not model is refused by name: a Llama 3 rope scaling, Qwen2 (no
+   family declares it: its bias on q/k/v alone), a sliding window narrower than the sequence, LoRA dropout inside the layer, a
    head_dim that does not divide hidden into the heads, a partial rotary factor, gradient
    checkpointing, a norm that centres its rows (fp32, fp16, bf16). A fused RMSNorm that rounds
    x / rms(x) to an fp16 or bf16 weight's dtype before the product (as unsloth's and FOAK's do)
@@ -168,7 +168,7 @@ def main():
                         num_key_value_heads=2)
     expect_refusal(with_lora(Qwen2DecoderLayer(qwen2, 0),
                              bias=lambda name: name in ("q_proj", "k_proj", "v_proj")),
-                   "bias differs between projections")
+                   "config.model_type 'qwen2' is declared by no model family")
     narrow = MistralConfig(hidden_size=128, intermediate_size=352, num_attention_heads=4,
                            num_key_value_heads=2, sliding_window=8)
     expect_refusal(with_lora(MistralDecoderLayer(narrow, 0)), "sliding_window 8 < seq 17")

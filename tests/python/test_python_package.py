@@ -213,5 +213,5 @@ def test_failure_lines():
 
 def test_the_package_registers_its_operators():
     assert hasattr(torch.ops.gradscope, "lora_w")
-    assert gradscope.OP_SCHEMA_VERSION == 3
+    assert gradscope.OP_SCHEMA_VERSION == 4
     assert gradscope.OP_SCHEMAS["lora_w"].startswith("lora_w(Tensor x, Tensor[] proj")

@@ -1,11 +1,11 @@
-// The operator schemas of an implementation under test (docs/implementations.md, version 3):
+// The operator schemas of an implementation under test (docs/implementations.md, version 4):
 // gradscope registers them in namespace `gradscope` (kernels/src/torch_library.cpp), and the
 // harness requires them of any namespace chosen with --impl (harness/impl/impl_ops.cpp).
 #pragma once
 
 namespace gradscope {
 
-inline constexpr int kOpSchemaVersion = 3;
+inline constexpr int kOpSchemaVersion = 4;
 
 struct OpSchema {
   const char* name;
@@ -29,13 +29,29 @@ inline constexpr OpSchema kOpSchemas[] = {
      "lora_mlp(Tensor x, Tensor[] gate, Tensor[] up, Tensor[] down, int bits, "
      "str zero_format, float lora_alpha, bool use_rslora, Tensor? dropout_x=None, "
      "Tensor? dropout_h=None, float dropout_p=0.0) -> Tensor"},
-    // A whole Llama-family decoder layer: what a case with prod_calls = "decoder_layer" calls.
+    // A whole decoder layer of a declared model family, its parts by name (the keys:
+    // kDecoderLayerKeys): what a case with prod_calls = "decoder_layer" calls.
     {"decoder_layer",
-     "decoder_layer(Tensor x, Tensor input_norm, Tensor post_attention_norm, Tensor[] q, "
-     "Tensor[] k, Tensor[] v, Tensor[] o, Tensor[] gate, Tensor[] up, Tensor[] down, int bits, "
-     "str zero_format, float lora_alpha, bool use_rslora, int heads, int kv_heads, "
-     "float rms_eps, float rope_theta, int position_offset) -> Tensor",
+     "decoder_layer(Tensor x, Dict(str, Tensor) norms, Dict(str, Tensor[]) projections, "
+     "int bits, str zero_format, float lora_alpha, bool use_rslora, str family, "
+     "Dict(str, int) sizes, Dict(str, float) values) -> Tensor",
      /*optional=*/true},
+};
+
+// The keys of decoder_layer's dictionaries, every one present in every call.
+struct DecoderLayerKeys {
+  const char* norms[2];
+  const char* projections[7];
+  const char* sizes[3];
+  const char* values[4];
+};
+inline constexpr DecoderLayerKeys kDecoderLayerKeys = {
+    {"input_layernorm", "post_attention_layernorm"},
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    {"heads", "kv_heads", "position_offset"},
+    // attention_scale: the scores' scale itself (1 / sqrt(head_dim) where the family fixes
+    // none); residual_multiplier: 1 where the family has none.
+    {"rms_eps", "rope_theta", "attention_scale", "residual_multiplier"},
 };
 
 // Defined beside the registration: a program that calls it links the object that registers
