@@ -93,6 +93,19 @@ struct CaseContext {
   const RunOptions& options;
 };
 
+// An output gradient a case takes, and the output it is the gradient of.
+struct CaseGradient {
+  std::string name;    // dq, dy
+  std::string output;  // q_proj, down_proj; "output" for a decoder layer's
+};
+
+// A projection or norm of a case's module and the stream its tensors are drawn from.
+struct CasePart {
+  std::string path;    // where it sits in the module: q_proj, self_attn.q_proj, input_layernorm
+  std::string stream;  // its tensors' names' prefix: o_proj, layers.1.q_proj, layers.1.input_norm
+  int64_t layer = 0;   // in a stack, its layer (from 1, as the streams count); else 0
+};
+
 // A kind as data. catalog/kind_registry.cpp lists the declarations.
 struct KindDecl {
   std::string name;
@@ -117,6 +130,11 @@ struct KindDecl {
   // The names a case takes its activation and output gradients by (a `tensors` file's, or a
   // host program's tensors: x, dy; dq, dk, dv); unset: the kind takes none.
   std::function<std::vector<std::string>(const CaseSpec&)> inputs;
+  // The output each of inputs() but x is the gradient of (dq: q_proj; dy: down_proj, output).
+  std::function<std::vector<CaseGradient>(const CaseSpec&)> gradients;
+  // The projections and norms a host program may hand the case the tensors of (a reader of a
+  // user's module, docs/python.md), with the streams the case draws them from.
+  std::function<std::vector<CasePart>(const CaseSpec&)> parts;
   std::function<std::unique_ptr<Testbed>(const CaseContext&)> testbed;
   // Draws the kind's own fields of a random valid case (`gradscope sample`); unset: the
   // sampler does not draw the kind.
@@ -154,6 +172,12 @@ class CaseKind {
   bool sampled() const { return static_cast<bool>(decl_.sample); }
   std::vector<std::string> inputs(const CaseSpec& spec) const {
     return decl_.inputs ? decl_.inputs(spec) : std::vector<std::string>{};
+  }
+  std::vector<CaseGradient> gradients(const CaseSpec& spec) const {
+    return decl_.gradients ? decl_.gradients(spec) : std::vector<CaseGradient>{};
+  }
+  std::vector<CasePart> parts(const CaseSpec& spec) const {
+    return decl_.parts ? decl_.parts(spec) : std::vector<CasePart>{};
   }
   void sample(CaseDraw& draw) const { decl_.sample(draw); }
   // Runs the case's phases and returns every check, paths prefixed by `id`.

@@ -162,6 +162,26 @@ reference::AttentionShape Dims::attention(const tb::Config& c) const {
   return shape;
 }
 
+// The streams of a layer's norms, by the names decoder_layer's `norms` takes them
+// (kDecoderLayerKeys).
+namespace {
+constexpr std::pair<const char*, const char*> kNormStreams[] = {
+    {"input_layernorm", "input_norm"}, {"post_attention_layernorm", "post_attention_norm"}};
+}  // namespace
+
+std::vector<CasePart> parts(const CaseSpec& spec) {
+  std::vector<CasePart> out;
+  for (int64_t i = 1; i <= spec.get_int("layers"); ++i) {
+    const std::string layer = "layers." + std::to_string(i) + ".";
+    for (const auto& p : kLlamaProjections) {
+      out.push_back(
+          {std::string(p.module) + "." + std::string(p.name), layer + std::string(p.name), i});
+    }
+    for (const auto& [path, stream] : kNormStreams) out.push_back({path, layer + stream, i});
+  }
+  return out;
+}
+
 double stack_reference_bytes(const CaseSpec& spec) {
   const Dims d(spec);
   const int64_t kv_out = d.hidden / d.heads * d.kv_heads;
@@ -201,8 +221,8 @@ std::vector<StackLayer> make_stack(const tb::Config& c, const Dims& d) {
       ref = {bridge::to_matrix(w.to(at::kDouble).view({1, d.hidden})).row(0), d.rms_eps};
       return w;
     };
-    L.input_norm = norm("input_norm", L.ref.input_norm);
-    L.post_attention_norm = norm("post_attention_norm", L.ref.post_attention_norm);
+    L.input_norm = norm(kNormStreams[0].second, L.ref.input_norm);
+    L.post_attention_norm = norm(kNormStreams[1].second, L.ref.post_attention_norm);
     L.ref.residual_multiplier = d.residual_multiplier;
   }
   return stack;

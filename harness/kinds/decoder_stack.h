@@ -45,6 +45,10 @@ struct StackLayer {
 // their sides) and of one layer's attention probabilities [batch, heads, seq, seq].
 double stack_reference_bytes(const CaseSpec& spec);
 
+// Every layer's projections and norms by their paths in a Hugging Face decoder layer, and their
+// streams.
+std::vector<CasePart> parts(const CaseSpec& spec);
+
 // Layer i draws from streams "layers.<i + 1>.*".
 std::vector<StackLayer> make_stack(const lora_testbed::Config& c, const Dims& d);
 

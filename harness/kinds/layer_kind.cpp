@@ -215,6 +215,8 @@ KindDecl layer_kind() {
                                                        : ops;
   };
   k.inputs = [](const CaseSpec&) { return std::vector<std::string>{"x", "dy"}; };
+  k.gradients = [](const CaseSpec&) { return std::vector<CaseGradient>{{"dy", "output"}}; };
+  k.parts = ds::parts;
   k.host_bytes_at_least = ds::stack_reference_bytes;
   k.testbed = [](const CaseContext& c) { return std::make_unique<LayerTestbed>(c); };
   k.sample = [](CaseDraw& d) {

@@ -327,6 +327,16 @@ KindDecl lora_op_kind(LoraOpDecl op) {
     for (const auto& o : decl->shape(s).outputs) names.push_back(o.grad);
     return names;
   };
+  k.gradients = [decl](const CaseSpec& s) {
+    std::vector<CaseGradient> out;
+    for (const auto& o : decl->shape(s).outputs) out.push_back({o.grad, o.name});
+    return out;
+  };
+  k.parts = [decl](const CaseSpec& s) {
+    std::vector<CasePart> out;
+    for (const auto& p : decl->shape(s).projections) out.push_back({p.name, p.name});
+    return out;
+  };
   k.host_bytes_at_least = [decl](const CaseSpec& s) {
     double bytes = 0;
     for (const auto& p : decl->shape(s).projections) {

@@ -120,7 +120,7 @@ def check_module(
     origin = f"check_module(<{type(module).__name__}>)"
     built = _gradscope.build_cases(case.kind, case.fields(batch, seq, seed, zero_format),
                                    {"dtype": dtypes}, origin=origin)
-    given = _given_tensors(case, module, adapter, weights, inputs, built[0].inputs)
+    given = _given_tensors(case, module, adapter, weights, inputs, built[0])
     if given:  # each case consumes its own capsules
         source = f"{origin}: " + ("weights='module'" if weights == "module" else "inputs=")
         built = [c.with_tensors({n: to_dlpack(t) for n, t in given.items()}, source)
@@ -150,12 +150,13 @@ def check_module(
 
 def _given_tensors(case: readers.ModuleCase, module: torch.nn.Module, adapter: str,
                    weights: str, inputs: Optional[Dict[str, torch.Tensor]],
-                   expected: Sequence[str]) -> Dict[str, torch.Tensor]:
+                   built: _gradscope.Case) -> Dict[str, torch.Tensor]:
     """The tensors the case takes from the module (weights="module") and from `inputs`, whose
-    names are the kind's (`expected`, from its declaration)."""
+    names are the kind's (the built case's `inputs`, from its declaration)."""
+    expected = built.inputs
     given: Dict[str, torch.Tensor] = {}
     if weights == "module":
-        given, redrawn = case.module_tensors(module, adapter)
+        given, redrawn = case.module_tensors(module, adapter, built)
         for name in redrawn:
             warnings.warn(f"check_module: {name} is all zeros (peft's initialisation), "
                           "which makes every lora_A gradient zero: drawn from the case "

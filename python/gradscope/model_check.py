@@ -13,7 +13,8 @@ from . import end_to_end as e2e
 from . import lora_linear
 from .check_module import check_module
 from .errors import GradscopeInputError, ModuleRefused
-from .readers import _ATTENTION, _MLP, _is_decoder_layer, _lora_linear, input_names
+from .readers import (_ATTENTION, _MLP, _is_decoder_layer, _lora_linear, gradients_of,
+                      input_names)
 from .results import Case
 
 
@@ -156,10 +157,11 @@ def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module]
         module = modules[path]
         first = getattr(module, "q_proj") if kind == "qkv" else module
         handles.append(first.register_forward_pre_hook(keep_input(path), with_kwargs=True))
-        heads = ({"dq": "q_proj", "dk": "k_proj", "dv": "v_proj"} if kind == "qkv"
-                 else {"dy": None})
-        for name, child in heads.items():
-            target = getattr(module, child) if child else module
+        # Each gradient the kind takes, hooked on the output it is of: a child of that name
+        # (q_proj of an attention, down_proj of an MLP), else the module's own output.
+        for name, output in gradients_of(kind):
+            child = getattr(module, output, None)
+            target = child if isinstance(child, torch.nn.Module) else module
             handles.append(target.register_forward_hook(keep_output(path, name)))
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)

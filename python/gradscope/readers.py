@@ -253,21 +253,36 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
 
 
 @functools.lru_cache(maxsize=None)
+def _default_case(kind: str) -> _gradscope.Case:
+    return _gradscope.build_cases(kind, {}, origin="gradscope")[0]
+
+
 def input_names(kind: str) -> Tuple[str, ...]:
     """The names a case of `kind` takes its activation and output gradients by, from the kind's
     declaration (a case of its default fields)."""
-    return tuple(_gradscope.build_cases(kind, {}, origin="gradscope")[0].inputs)
+    return tuple(_default_case(kind).inputs)
+
+
+def gradients_of(kind: str) -> Tuple[Tuple[str, str], ...]:
+    """(name, output): each output gradient a case of `kind` takes and the output it is the
+    gradient of (dq: q_proj; a layer's dy: "output"), from the kind's declaration."""
+    return tuple(_default_case(kind).gradients)
 
 
 def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, LoraLinear],
-                    adapter: str) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+                    adapter: str, built: _gradscope.Case
+                    ) -> Tuple[Dict[str, torch.Tensor], List[str]]:
     """The module's own weights under the names of the case's draws (docs/case-files.md,
-    "Tensors from a file"), and the adapters left to the case's draws: a lora_B of zeros
-    (peft's initialisation) would make every lora_A gradient identically zero."""
+    "Tensors from a file"; the streams are the case's `parts`), and the adapters left to the
+    case's draws: a lora_B of zeros (peft's initialisation) would make every lora_A gradient
+    identically zero."""
+    parts = [(path, stream) for path, stream, layer in built.parts if layer in (0, 1)]
+    # A module that is one LoRA linear is the case's one projection, whatever it is called.
+    streams = dict(parts) if kind != "lora_w" else {"": parts[0][1]}
     tensors: Dict[str, torch.Tensor] = {}
     redrawn: List[str] = []
-    for name, p in projections.items():
-        stream = {"lora_w": "o_proj", "layer": f"layers.1.{name}"}.get(kind, name)
+    for p in projections.values():
+        stream = streams[p.path]
         m = p.module
         base = m.base_layer
         for b in _BASE_BUFFERS:
@@ -281,10 +296,10 @@ def _module_tensors(kind: str, module: torch.nn.Module, projections: Dict[str, L
             redrawn.append(f"{p.where}.lora_B.{adapter}.weight")
         else:
             tensors[f"{stream}.lora_B"] = lora_b
-    if kind == "layer":
-        for norm, stream in (("input_layernorm", "input_norm"),
-                             ("post_attention_layernorm", "post_attention_norm")):
-            tensors[f"layers.1.{stream}"] = getattr(module, norm).weight
+    # The parts that are no projection: a layer's norms.
+    for path, stream in parts if kind != "lora_w" else []:
+        if path not in {p.path for p in projections.values()}:
+            tensors[stream] = getattr(module, path).weight
     return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, redrawn
 
 
@@ -344,9 +359,9 @@ class ModuleCase:
         return _case_fields(self.kind, self.projections, batch, seq, seed, zero_format,
                             self.layer)
 
-    def module_tensors(self, module: torch.nn.Module, adapter: str
+    def module_tensors(self, module: torch.nn.Module, adapter: str, built: _gradscope.Case
                        ) -> Tuple[Dict[str, torch.Tensor], List[str]]:
-        return _module_tensors(self.kind, module, self.projections, adapter)
+        return _module_tensors(self.kind, module, self.projections, adapter, built)
 
 
 def read(module: torch.nn.Module, kind: Optional[str], adapter: str, seq: int) -> ModuleCase:

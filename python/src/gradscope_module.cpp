@@ -363,6 +363,27 @@ PYBIND11_MODULE(_gradscope, m) {
       .def_property_readonly(
           "inputs", [](const Case& c) { return gs::find_kind(c.spec.kind)->inputs(c.spec); },
           "the names the case takes its activation and output gradients by")
+      .def_property_readonly(
+          "gradients",
+          [](const Case& c) {
+            std::vector<std::pair<std::string, std::string>> out;
+            for (const auto& g : gs::find_kind(c.spec.kind)->gradients(c.spec)) {
+              out.emplace_back(g.name, g.output);
+            }
+            return out;
+          },
+          "(name, output): each output gradient the case takes and the output it is of")
+      .def_property_readonly(
+          "parts",
+          [](const Case& c) {
+            std::vector<std::tuple<std::string, std::string, int64_t>> out;
+            for (const auto& p : gs::find_kind(c.spec.kind)->parts(c.spec)) {
+              out.emplace_back(p.path, p.stream, p.layer);
+            }
+            return out;
+          },
+          "(path, stream, layer): the projections and norms whose tensors the case may be "
+          "handed, where each sits in the module, its tensors' stream and its layer (stacks)")
       .def(
           "with_tensors",
           [](const Case& c, const py::dict& tensors, const std::string& source) {
