@@ -740,6 +740,125 @@ Matrix attention_forward_variance(const Matrix& q, const Matrix& k, const Matrix
   return var;
 }
 
+namespace {
+
+// One (batch, head) block's inputs to the backward beyond its Head: dO and its variance, the
+// squares the products of variances take, and the format constants.
+struct HeadBackward {
+  const Head& h;
+  Matrix doh, vdo, k2, q2, do2, v2, k2_after;
+  int64_t b, hd;
+  double scale, s2, sub2, acc_n;
+};
+
+// One tile's softmax backward, dS = P (dP - c), and the variances of its parts: e (dP's
+// errors, independent per (i, j)) with dS's share of it, and the rest of dS's, element by
+// element.
+struct TileGrad {
+  Matrix doh_t, vdo_t, do2_t, q2_t, k2t;  // the tile's rows (keys [0, i1) for k2t)
+  Matrix p2, dp, ds, ds2, kbar, centred, e, var_ds_e, var_ds_rest, var_p;
+};
+
+TileGrad tile_grad(const HeadBackward& hb, const AttentionTile& a, const Format& act,
+                   const Format& acc, ScoreError& worst) {
+  const int64_t i0 = a.i0, i1 = a.i1, m = i1 - i0;
+  const auto rows = [&](const Matrix& x) {
+    return x.size() ? Matrix(x.middleRows(i0, m)) : Matrix();
+  };
+  TileGrad t;
+  t.doh_t = rows(hb.doh), t.vdo_t = rows(hb.vdo), t.do2_t = rows(hb.do2), t.q2_t = rows(hb.q2);
+  t.k2t = hb.k2.topRows(i1);
+  const Matrix& p = a.p;
+  t.p2 = p.cwiseAbs2();
+  t.dp = product(t.doh_t, Op::kPlain, a.v, Op::kTransposed);
+  const Eigen::VectorXd c = t.dp.cwiseProduct(p).rowwise().sum();
+  t.ds = p.cwiseProduct(t.dp.colwise() - c);
+  t.kbar = product(p, a.k);
+  // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
+  // seen through dO_i.
+  t.e = product_variance({t.doh_t, Op::kPlain, nullptr, &t.do2_t},
+                         {a.v, Op::kTransposed, a.vv.size() > 0 ? &a.vv : nullptr}, t.dp, 1.0, acc);
+  add_by_rows(t.e, rounding_variance(t.dp, act));
+  // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
+  const Eigen::VectorXd pe = t.p2.cwiseProduct(t.e).rowwise().sum();
+  t.var_ds_e =
+      t.p2.cwiseProduct((((1.0 - 2.0 * p.array()) * t.e.array()).colwise() + pe.array()).matrix())
+          .cwiseMax(0.0);
+  // The rest of dS's variance, element by element (the model's approximation here,
+  // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
+  // accumulation (shared by the row) and dS's own rounding.
+  Matrix v_scores = a.v_scores;
+  if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, t.k2t, Op::kTransposed, hb.s2);
+  Matrix sp;
+  softmax_rows_variance(a.scores, v_scores, i0, act, acc, sp, t.var_p);
+  note_score_error(v_scores, a, hb.b, hb.hd, worst);
+  t.centred = t.dp.colwise() - c;
+  // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
+  // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
+  const Eigen::VectorXd var_c =
+      t.dp.cwiseAbs2().cwiseProduct(t.var_p).rowwise().sum() +
+      hb.acc_n * (t.dp.cwiseProduct(p).cwiseAbs2().rowwise().sum() + c.cwiseAbs2());
+  t.var_ds_rest = t.centred.cwiseAbs2().cwiseProduct(t.var_p);
+  t.var_ds_rest += (t.p2.array().colwise() * var_c.array()).matrix();
+  // dS's rounding (a masked key's exact zero counts the subnormal term, as every stored
+  // value does: for the keys past the tile, added from their sums below).
+  t.var_ds_rest += rounding_variance(t.ds, act);
+  t.ds2 = sq(t.ds);
+  return t;
+}
+
+// dQ = scale dS K's variance for the tile's rows: e exactly, through the keys centred on the
+// row's mean key; the rest of dS element by element; K's own error; dO's error (shared by row
+// i) bounded by Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
+Matrix tile_dq_variance(const HeadBackward& hb, const AttentionTile& a, const TileGrad& t,
+                        const Matrix& dqh, int64_t n) {
+  const double s2 = hb.s2, acc_n = hb.acc_n;
+  // (The rest of dS and dQ's accumulation, accumulation(acc, n) dS^2, share one product with
+  // K^2.)
+  Matrix v_dq = s2 * centred_spread(t.p2.cwiseProduct(t.e), a.k, t.kbar);
+  v_dq += product(by_rows(t.var_ds_rest + acc_n * t.ds2), Op::kPlain, t.k2t, Op::kPlain, s2);
+  if (a.i1 < n) v_dq.rowwise() += (s2 * hb.sub2) * hb.k2_after.row(a.i1);
+  if (a.vk.size() > 0) v_dq += product(t.ds2, Op::kPlain, a.vk, Op::kPlain, s2);
+  if (t.vdo_t.size() > 0) {
+    const Eigen::VectorXd w =
+        (t.vdo_t.cwiseProduct(centred_spread(a.p, a.v, a.o, &a.o))).rowwise().sum();
+    v_dq += s2 * (key_spread(a, t.kbar).array().colwise() * w.array()).matrix();
+  }
+  v_dq += (s2 * acc_n) * (dqh / hb.scale).cwiseAbs2();
+  return v_dq;
+}
+
+// dK = scale dS^T Q's variance from the tile: dS's variance element by element (rows i
+// independent); dO's error exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id;
+// dK's accumulation, accumulation(acc, n) dS^2 Q^2 (these three in one product with Q^2);
+// Q's own error.
+void add_tile_dk_variance(const HeadBackward& hb, const AttentionTile& a, const TileGrad& t,
+                          int64_t n, Matrix& v_dk) {
+  const int64_t i1 = a.i1;
+  const double s2 = hb.s2;
+  Matrix through_q2 = by_rows(t.var_ds_e + t.var_ds_rest + hb.acc_n * t.ds2);
+  if (i1 < n) v_dk.bottomRows(n - i1).rowwise() += (s2 * hb.sub2) * t.q2_t.colwise().sum();
+  if (t.vdo_t.size() > 0) {
+    // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
+    Matrix g = product(t.vdo_t, Op::kPlain, Matrix(hb.v2.topRows(i1)), Op::kTransposed);
+    g -= product(t.vdo_t.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
+    g.colwise() += t.vdo_t.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
+    through_q2 += t.p2.cwiseProduct(g.cwiseMax(0.0));
+  }
+  v_dk.topRows(i1) += product(through_q2, Op::kTransposed, t.q2_t, Op::kPlain, s2);
+  if (a.vq.size() > 0) v_dk.topRows(i1) += product(t.ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
+}
+
+// dV = P^T dO's variance from the tile: P's error element by element and the accumulation (one
+// product with dO^2), dO's error exactly.
+void add_tile_dv_variance(const HeadBackward& hb, const TileGrad& t, int64_t i1, Matrix& v_dv) {
+  v_dv.topRows(i1) +=
+      product(by_rows(t.var_p + hb.acc_n * t.p2), Op::kTransposed, t.do2_t, Op::kPlain);
+  if (t.vdo_t.size() > 0) v_dv.topRows(i1) += product(t.p2, Op::kTransposed, t.vdo_t, Op::kPlain);
+}
+
+}  // namespace
+
 AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k, const Matrix& v,
                                                 const Matrix& dout, const Matrix& var_q,
                                                 const Matrix& var_k, const Matrix& var_v,
@@ -762,106 +881,30 @@ AttentionGradsNoise attention_backward_variance(const Matrix& q, const Matrix& k
   for_each_row(blocks, [&](int64_t bh) {
     const int64_t b = bh / s.heads, hd = bh % s.heads;
     const Head h = head_of(q, k, v, var_q, var_k, var_v, s, bh);
-    const double scale = h.scale, s2 = scale * scale;
     const auto blk = [&](const Matrix& m) {
       return m.size() ? Matrix(m.block(b * n, hd * d, n, d)) : Matrix();
     };
-    const Matrix doh = blk(dout), vdo = blk(var_dout);
-    const Matrix k2 = sq(h.k), q2 = sq(h.q), do2 = sq(doh);
-    const Matrix v2 = vdo.size() > 0 ? sq(h.v) : Matrix();
-    const Matrix k2_after = suffix_sums(k2);
+    HeadBackward hb{h, blk(dout), blk(var_dout), sq(h.k),           sq(h.q), {},   {}, {},
+                    b, hd,        h.scale,       h.scale * h.scale, sub2,    acc_n};
+    hb.do2 = sq(hb.doh);
+    hb.v2 = hb.vdo.size() > 0 ? sq(h.v) : Matrix();
+    hb.k2_after = suffix_sums(hb.k2);
     Matrix dk = Matrix::Zero(n, d), v_dk = Matrix::Zero(n, d);
     Matrix dv = Matrix::Zero(n, d), v_dv = Matrix::Zero(n, d);
     for (int64_t i0 = 0; i0 < n; i0 += tile_rows) {
       const int64_t i1 = std::min(n, i0 + tile_rows), m = i1 - i0;
       const auto a = attention_tile(h, i0, i1, act, acc);
-      const auto rows = [&](const Matrix& x) {
-        return x.size() ? Matrix(x.middleRows(i0, m)) : Matrix();
-      };
-      const Matrix doh_t = rows(doh), vdo_t = rows(vdo), do2_t = rows(do2), q2_t = rows(q2);
-      const Matrix k2t = k2.topRows(i1);
-      const Matrix& p = a.p;
-      const Matrix p2 = p.cwiseAbs2();
-      const Matrix dp = product(doh_t, Op::kPlain, a.v, Op::kTransposed);
-      const Eigen::VectorXd c = dp.cwiseProduct(p).rowwise().sum();
-      const Matrix ds = p.cwiseProduct(dp.colwise() - c);
-      const Matrix kbar = product(p, a.k);
-      // Errors of dP independent per (i, j): its accumulation and rounding, and V_j's error
-      // seen through dO_i.
-      Matrix e =
-          product_variance({doh_t, Op::kPlain, nullptr, &do2_t},
-                           {a.v, Op::kTransposed, a.vv.size() > 0 ? &a.vv : nullptr}, dp, 1.0, acc);
-      add_by_rows(e, rounding_variance(dp, act));
-      // dS's variance from e, softmax-shaped: P_ij^2 ((1 - 2 P_ij) e_ij + sum_k P_ik^2 e_ik).
-      const Eigen::VectorXd pe = p2.cwiseProduct(e).rowwise().sum();
-      const Matrix var_ds_e =
-          p2.cwiseProduct((((1.0 - 2.0 * p.array()) * e.array()).colwise() + pe.array()).matrix())
-              .cwiseMax(0.0);
-      // The rest of dS's variance, element by element (the model's approximation here,
-      // docs/verification.md): P's error (from the scores' and Q's) through (dP - c), c's
-      // accumulation (shared by the row) and dS's own rounding.
-      Matrix v_scores = a.v_scores;
-      if (a.vq.size() > 0) v_scores += product(a.vq, Op::kPlain, k2t, Op::kTransposed, s2);
-      Matrix sp, var_p;
-      softmax_rows_variance(a.scores, v_scores, i0, act, acc, sp, var_p);
-      note_score_error(v_scores, a, b, hd, worst[bh]);
-      const Matrix centred = dp.colwise() - c;
-      // c_i = sum_j P_ij dP_ij carries P's error (dP's enters through e above) and its own
-      // accumulation: with a saturated softmax (dP - c ~ 0) this is dS's main error.
-      const Eigen::VectorXd var_c =
-          dp.cwiseAbs2().cwiseProduct(var_p).rowwise().sum() +
-          acc_n * (dp.cwiseProduct(p).cwiseAbs2().rowwise().sum() + c.cwiseAbs2());
-      Matrix var_ds_rest = centred.cwiseAbs2().cwiseProduct(var_p);
-      var_ds_rest += (p2.array().colwise() * var_c.array()).matrix();
-      // dS's rounding (a masked key's exact zero counts the subnormal term, as every stored
-      // value does: for the keys past the tile, added from their sums below).
-      var_ds_rest += rounding_variance(ds, act);
-
-      // dQ = scale dS K: e exactly, through the keys centred on the row's mean key; the rest
-      // of dS element by element; K's own error; dO's error (shared by row i) bounded by
-      // Cauchy-Schwarz: scale^2 Kv_ie sum_d var_dO_id (sum_j P_ij (V_jd - O_id)^2).
-      const Matrix dqh = product(ds, Op::kPlain, a.k, Op::kPlain, scale);
-      const Matrix ds2 = sq(ds);
-      // (The rest of dS and dQ's accumulation, accumulation(acc, n) dS^2, share one product with
-      // K^2.)
-      Matrix v_dq = s2 * centred_spread(p2.cwiseProduct(e), a.k, kbar);
-      v_dq += product(by_rows(var_ds_rest + acc_n * ds2), Op::kPlain, k2t, Op::kPlain, s2);
-      if (i1 < n) v_dq.rowwise() += (s2 * sub2) * k2_after.row(i1);
-      if (a.vk.size() > 0) v_dq += product(ds2, Op::kPlain, a.vk, Op::kPlain, s2);
-      if (vdo_t.size() > 0) {
-        const Eigen::VectorXd w =
-            (vdo_t.cwiseProduct(centred_spread(p, a.v, a.o, &a.o))).rowwise().sum();
-        v_dq += s2 * (key_spread(a, kbar).array().colwise() * w.array()).matrix();
-      }
-      v_dq += (s2 * acc_n) * (dqh / scale).cwiseAbs2();
+      const TileGrad t = tile_grad(hb, a, act, acc, worst[bh]);
+      const Matrix dqh = product(t.ds, Op::kPlain, a.k, Op::kPlain, hb.scale);
       out.dq_value.block(b * n + i0, hd * d, m, d) = dqh;
-      out.dq.block(b * n + i0, hd * d, m, d) = v_dq + rounding_variance(dqh, act);
-
-      // dK = scale dS^T Q: dS's variance element by element (rows i independent); dO's error
-      // exactly, as sum_i P_ij^2 Q_ie^2 sum_d (V_jd - O_id)^2 var_dO_id; dK's accumulation,
-      // accumulation(acc, n) dS^2 Q^2 (these three in one product with Q^2); Q's own error.
-      dk.topRows(i1) += product(ds, Op::kTransposed, a.q, Op::kPlain, scale);
-      Matrix through_q2 = by_rows(var_ds_e + var_ds_rest + acc_n * ds2);
-      if (i1 < n) v_dk.bottomRows(n - i1).rowwise() += (s2 * sub2) * q2_t.colwise().sum();
-      if (vdo_t.size() > 0) {
-        // G_ij = sum_d (V_jd - O_id)^2 var_dO_id
-        Matrix g = product(vdo_t, Op::kPlain, Matrix(v2.topRows(i1)), Op::kTransposed);
-        g -= product(vdo_t.cwiseProduct(a.o), Op::kPlain, a.v, Op::kTransposed, 2.0);
-        g.colwise() += vdo_t.cwiseProduct(a.o.cwiseAbs2()).rowwise().sum();
-        through_q2 += p2.cwiseProduct(g.cwiseMax(0.0));
-      }
-      v_dk.topRows(i1) += product(through_q2, Op::kTransposed, q2_t, Op::kPlain, s2);
-      if (a.vq.size() > 0) {
-        v_dk.topRows(i1) += product(ds2, Op::kTransposed, a.vq, Op::kPlain, s2);
-      }
-
-      // dV = P^T dO: P's error element by element and the accumulation (one product with
-      // dO^2), dO's error exactly.
-      dv.topRows(i1) += product(p, Op::kTransposed, doh_t, Op::kPlain);
-      v_dv.topRows(i1) += product(by_rows(var_p + acc_n * p2), Op::kTransposed, do2_t, Op::kPlain);
-      if (vdo_t.size() > 0) v_dv.topRows(i1) += product(p2, Op::kTransposed, vdo_t, Op::kPlain);
+      out.dq.block(b * n + i0, hd * d, m, d) =
+          tile_dq_variance(hb, a, t, dqh, n) + rounding_variance(dqh, act);
+      dk.topRows(i1) += product(t.ds, Op::kTransposed, a.q, Op::kPlain, hb.scale);
+      add_tile_dk_variance(hb, a, t, n, v_dk);
+      dv.topRows(i1) += product(a.p, Op::kTransposed, t.doh_t, Op::kPlain);
+      add_tile_dv_variance(hb, t, i1, v_dv);
     }
-    v_dk += s2 * acc_n * (dk / scale).cwiseAbs2();
+    v_dk += hb.s2 * acc_n * (dk / hb.scale).cwiseAbs2();
     v_dv += acc_n * dv.cwiseAbs2();
     var_dk_parts[bh] = v_dk + rounding_variance(dk, act);
     var_dv_parts[bh] = v_dv + rounding_variance(dv, act);

@@ -128,148 +128,170 @@ namespace {
 // A [matrix] multiplies: a few long axes would otherwise exhaust memory.
 constexpr size_t kMaxCasesPerFile = 100000;
 
-std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path,
-                                       const FieldOrigins& origins) {
-  const toml::node* kind_node = table.get("kind");
-  if (kind_node && !kind_node->is_string()) {
-    throw InputError(where(path, kind_node->source()) + ": key 'kind' must be a string, got " +
-                     toml_type_name(kind_node->type()));
+std::string kind_list() {
+  std::string k;
+  for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
+  return k;
+}
+
+// The file's `kind`, which must name a registered kind.
+const toml::node& kind_node_of(const toml::table& table, const std::string& path) {
+  const toml::node* node = table.get("kind");
+  if (node && !node->is_string()) {
+    throw InputError(where(path, node->source()) + ": key 'kind' must be a string, got " +
+                     toml_type_name(node->type()));
   }
-  if (!kind_node) {
-    throw InputError(path + ": missing key 'kind' (a string: one of " + [] {
-      std::string k;
-      for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
-      return k;
-    }() + ")");
-  }
-  const std::string kind = kind_node->as_string()->get();
+  if (!node) throw InputError(path + ": missing key 'kind' (a string: one of " + kind_list() + ")");
+  const std::string kind = node->as_string()->get();
   if (!find_kind(kind)) {
-    std::string k;
-    for (const auto& n : kind_names()) k += (k.empty() ? "" : ", ") + n;
-    throw InputError(where(path, kind_node->source()) + ": unknown kind '" + kind +
-                     "'; expected one of " + k);
+    throw InputError(where(path, node->source()) + ": unknown kind '" + kind +
+                     "'; expected one of " + kind_list());
   }
-  const auto schema = schema_for_kind(kind);
+  return *node;
+}
 
-  CaseSpec base;
-  base.kind = kind;
-  base.file = path;
-  for (const auto& f : schema) base.set(f.name, f.default_value, "default");
-  base.set("kind", kind, where(path, kind_node->source()));
+// A case file's table read against its kind's schema: the top-level fields (into `base`), the
+// [[cases]] entries and the [matrix] axes, each value checked against its field where it is.
+class CaseTable {
+ public:
+  CaseTable(const toml::table& table, const std::string& path, const FieldOrigins& origins)
+      : table_(table), path_(path) {
+    const toml::node& kind_node = kind_node_of(table, path);
+    kind_ = kind_node.as_string()->get();
+    schema_ = schema_for_kind(kind_);
+    base_.kind = kind_;
+    base_.file = path;
+    for (const auto& f : schema_) base_.set(f.name, f.default_value, "default");
+    base_.set("kind", kind_, where(path, kind_node.source()));
+    for (auto&& [key, node] : table) {
+      const std::string name(key.str());
+      const auto known = origins.find(name);
+      const std::string at = known != origins.end() ? known->second : where(path, key.source());
+      if (name == "kind") continue;
+      if (name == "description") {
+        if (!node.is_string()) throw InputError(at + ": key 'description' must be a string");
+      } else if (name == "cases") {
+        read_entries(node, at);
+      } else if (name == "matrix") {
+        read_matrix(node, at);
+      } else {
+        base_.set(name, from_toml(field(name, "", at), node, at), at);
+      }
+    }
+  }
 
-  std::vector<std::pair<const FieldSpec*, std::vector<std::pair<SpecValue, std::string>>>> axes;
-  // [[cases]]: each entry one case's own fields (a row of a covering array), crossed with the
-  // matrix; none means one entry with no fields.
+  // Each [[cases]] entry in file order, then the cartesian product of the matrix axes, the
+  // first axis varying slowest.
+  std::vector<CaseSpec> expanded() const {
+    std::vector<CaseSpec> cases;
+    for (const auto& entry : entries_.empty() ? std::vector<Entry>{Entry{}} : entries_) {
+      CaseSpec c = base_;
+      for (const auto& f : entry) c.set(f.field->name, f.value, f.at);
+      cases.push_back(std::move(c));
+    }
+    for (const auto& [field, values] : axes_) {
+      std::vector<CaseSpec> next;
+      for (const auto& c : cases) {
+        for (const auto& [value, at] : values) {
+          CaseSpec expanded = c;
+          expanded.set(field->name, value, at);
+          next.push_back(std::move(expanded));
+        }
+      }
+      cases = std::move(next);
+    }
+    return cases;
+  }
+
+ private:
+  // One [[cases]] entry's fields: a row of a covering array, crossed with the matrix.
   struct EntryField {
     const FieldSpec* field;
     SpecValue value;
     std::string at;
   };
-  std::vector<std::vector<EntryField>> entries;
-  const toml::node* cases_node = table.get("cases");
-  size_t expanded_count = 1;
-  for (auto&& [key, node] : table) {
-    const std::string name(key.str());
-    const auto known = origins.find(name);
-    const std::string at = known != origins.end() ? known->second : where(path, key.source());
-    if (name == "kind") continue;
-    if (name == "description") {
-      if (!node.is_string()) throw InputError(at + ": key 'description' must be a string");
-      continue;
+  using Entry = std::vector<EntryField>;
+
+  // The schema's field `name`; `section` ("", "cases.", "matrix.") names where it was set.
+  const FieldSpec& field(const std::string& name, const std::string& section,
+                         const std::string& at) const {
+    const FieldSpec* f = find_field(schema_, name);
+    if (!f || (name == "kind" && !section.empty())) {
+      throw InputError(at + ": unknown key '" + section + name + "' for kind '" + kind_ +
+                       "' (known: " + known_keys(schema_) + ")");
     }
-    if (name == "cases") {
-      const auto* list = node.as_array();
-      if (!list || list->empty() || !list->is_array_of_tables()) {
-        throw InputError(at + ": key 'cases' must be a non-empty array of tables ([[cases]])");
-      }
-      for (const auto& element : *list) {
-        std::vector<EntryField> entry;
-        for (auto&& [ekey, enode] : *element.as_table()) {
-          const std::string ename(ekey.str());
-          const std::string eat = where(path, ekey.source());
-          const FieldSpec* field = find_field(schema, ename);
-          if (!field || ename == "kind") {
-            throw InputError(eat + ": unknown key 'cases." + ename + "' for kind '" + kind +
-                             "' (known: " + known_keys(schema) + ")");
-          }
-          if (table.contains(ename)) {
-            throw InputError(eat + ": key '" + ename +
-                             "' is set both at the top level and in [[cases]]");
-          }
-          const auto* matrix = table.get("matrix");
-          if (matrix && matrix->is_table() && matrix->as_table()->contains(ename)) {
-            throw InputError(eat + ": key '" + ename +
-                             "' is set both in [matrix] and in [[cases]]");
-          }
-          entry.push_back({field, from_toml(*field, enode, eat), eat});
-        }
-        entries.push_back(std::move(entry));
-      }
-      expanded_count *= entries.size();
-      if (expanded_count > kMaxCasesPerFile) {
-        throw InputError(at + ": [[cases]] and [matrix] expand to more than " +
-                         std::to_string(kMaxCasesPerFile) + " cases; split the file");
-      }
-      continue;
-    }
-    if (name == "matrix") {
-      if (!node.is_table()) throw InputError(at + ": key 'matrix' must be a table of arrays");
-      for (auto&& [mkey, mnode] : *node.as_table()) {
-        const std::string mname(mkey.str());
-        const std::string mat = where(path, mkey.source());
-        const FieldSpec* field = find_field(schema, mname);
-        if (!field || mname == "kind") {
-          throw InputError(mat + ": unknown key 'matrix." + mname + "' for kind '" + kind +
-                           "' (known: " + known_keys(schema) + ")");
-        }
-        if (table.contains(mname)) {
-          throw InputError(mat + ": key '" + mname +
-                           "' is set both at the top level and in [matrix]");
-        }
-        if (!mnode.is_array() || mnode.as_array()->empty()) {
-          throw InputError(mat + ": key 'matrix." + mname + "' must be a non-empty array");
-        }
-        std::vector<std::pair<SpecValue, std::string>> values;
-        expanded_count *= mnode.as_array()->size();
-        if (expanded_count > kMaxCasesPerFile) {
-          throw InputError(mat + ": [matrix] expands to more than " +
-                           std::to_string(kMaxCasesPerFile) + " cases; split the file");
-        }
-        for (const auto& element : *mnode.as_array()) {
-          values.emplace_back(from_toml(*field, element, mat), mat);
-        }
-        axes.emplace_back(field, std::move(values));
-      }
-      continue;
-    }
-    const FieldSpec* field = find_field(schema, name);
-    if (!field) {
-      throw InputError(at + ": unknown key '" + name + "' for kind '" + kind +
-                       "' (known: " + known_keys(schema) + ")");
-    }
-    base.set(name, from_toml(*field, node, at), at);
+    return *f;
   }
 
-  // Each [[cases]] entry in file order, then the cartesian product of the matrix axes, the
-  // first axis varying slowest.
-  if (!cases_node) entries.emplace_back();
-  std::vector<CaseSpec> cases;
-  for (const auto& entry : entries) {
-    CaseSpec c = base;
-    for (const auto& f : entry) c.set(f.field->name, f.value, f.at);
-    cases.push_back(std::move(c));
-  }
-  for (const auto& [field, values] : axes) {
-    std::vector<CaseSpec> next;
-    for (const auto& c : cases) {
-      for (const auto& [value, at] : values) {
-        CaseSpec expanded = c;
-        expanded.set(field->name, value, at);
-        next.push_back(std::move(expanded));
-      }
+  void count(size_t factor, const std::string& at, const std::string& what) {
+    expanded_count_ *= factor;
+    if (expanded_count_ > kMaxCasesPerFile) {
+      throw InputError(at + ": " + what + " more than " + std::to_string(kMaxCasesPerFile) +
+                       " cases; split the file");
     }
-    cases = std::move(next);
   }
+
+  void read_entries(const toml::node& node, const std::string& at) {
+    const auto* list = node.as_array();
+    if (!list || list->empty() || !list->is_array_of_tables()) {
+      throw InputError(at + ": key 'cases' must be a non-empty array of tables ([[cases]])");
+    }
+    const auto* matrix = table_.get("matrix");
+    for (const auto& element : *list) {
+      Entry entry;
+      for (auto&& [ekey, enode] : *element.as_table()) {
+        const std::string ename(ekey.str());
+        const std::string eat = where(path_, ekey.source());
+        const FieldSpec& f = field(ename, "cases.", eat);
+        if (table_.contains(ename)) {
+          throw InputError(eat + ": key '" + ename +
+                           "' is set both at the top level and in [[cases]]");
+        }
+        if (matrix && matrix->is_table() && matrix->as_table()->contains(ename)) {
+          throw InputError(eat + ": key '" + ename + "' is set both in [matrix] and in [[cases]]");
+        }
+        entry.push_back({&f, from_toml(f, enode, eat), eat});
+      }
+      entries_.push_back(std::move(entry));
+    }
+    count(entries_.size(), at, "[[cases]] and [matrix] expand to");
+  }
+
+  void read_matrix(const toml::node& node, const std::string& at) {
+    if (!node.is_table()) throw InputError(at + ": key 'matrix' must be a table of arrays");
+    for (auto&& [mkey, mnode] : *node.as_table()) {
+      const std::string mname(mkey.str());
+      const std::string mat = where(path_, mkey.source());
+      const FieldSpec& f = field(mname, "matrix.", mat);
+      if (table_.contains(mname)) {
+        throw InputError(mat + ": key '" + mname +
+                         "' is set both at the top level and in [matrix]");
+      }
+      if (!mnode.is_array() || mnode.as_array()->empty()) {
+        throw InputError(mat + ": key 'matrix." + mname + "' must be a non-empty array");
+      }
+      count(mnode.as_array()->size(), mat, "[matrix] expands to");
+      std::vector<std::pair<SpecValue, std::string>> values;
+      for (const auto& element : *mnode.as_array()) {
+        values.emplace_back(from_toml(f, element, mat), mat);
+      }
+      axes_.emplace_back(&f, std::move(values));
+    }
+  }
+
+  const toml::table& table_;
+  const std::string& path_;
+  std::string kind_;
+  std::vector<FieldSpec> schema_;
+  CaseSpec base_;
+  std::vector<Entry> entries_;
+  std::vector<std::pair<const FieldSpec*, std::vector<std::pair<SpecValue, std::string>>>> axes_;
+  size_t expanded_count_ = 1;
+};
+
+std::vector<CaseSpec> cases_from_table(const toml::table& table, const std::string& path,
+                                       const FieldOrigins& origins) {
+  auto cases = CaseTable(table, path, origins).expanded();
   for (const auto& c : cases) validate_case(c);
   return cases;
 }
