@@ -139,135 +139,143 @@ at::Device device_of(const tb::Config& c, int64_t gpu) {
                             : at::Device(at::kCPU);
 }
 
-void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, const HostCase& host,
-              const c10::intrusive_ptr<c10d::Backend>& backend, int64_t r, const at::Device device,
-              const std::string& scratch, RankResult& out) {
-  const std::string where = id + "/rank" + std::to_string(r) + "/";
+// One rank's part of a case, step by step: the modules loaded and sharded, the all-gather, the
+// forward and backward on its slice with the reduce-scatter, the state dict, the cast guard.
+class RankRun {
+ public:
+  RankRun(const tb::Config& c, const FsdpConfig& f, const std::string& id, const HostCase& host,
+          int64_t r, const at::Device device, const std::string& scratch, RankResult& out)
+      : c_(c),
+        f_(f),
+        id_(id),
+        host_(host),
+        r_(r),
+        device_(device),
+        scratch_(scratch),
+        out_(out),
+        where_(id + "/rank" + std::to_string(r) + "/") {}
 
-  QuantLinearOptions qo;
-  qo.storage = f.float_view() ? PackedStorage::kFloatParameters : PackedStorage::kInt32Buffers;
-  if (f.float_view()) qo.view_dtype = dtype_from_name(f.storage);
-  qo.rank = c.rank;
-  qo.scaling = c.scaling();
-  qo.adapter_dtype = c.adapter_dtype;
-  std::vector<QuantLinear> modules;
-  std::vector<at::Tensor> frozen, adapters, frozen_before;
-  std::vector<std::string> frozen_names, adapter_names;
-  // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
-  const auto check_adapters = [&](size_t j, const std::string& stage, const std::string& compared) {
-    const std::string path = where + stage + "/" + host.names[j] + "/";
-    out.checks.push_back(compare_exact(path + "lora_A", compared, modules[j]->lora_A.detach().cpu(),
-                                       host.lora_A[j].to(at::kDouble)));
-    out.checks.push_back(compare_exact(path + "lora_B", compared, modules[j]->lora_B.detach().cpu(),
-                                       host.lora_B[j].to(at::kDouble)));
-  };
-  for (size_t j = 0; j < host.base.size(); ++j) {
-    modules.emplace_back(host.base[j], at::Tensor(), qo);
-    auto& m = modules.back();
-    // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
-    // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
-    // this rank's shards (below), never whole.
-    if (!f.float_view()) m->to(device);
-    {
-      const at::NoGradGuard no_grad;
-      m->lora_A.copy_(host.lora_A[j]);  // from the host, as a rank loads a state dict
-      m->lora_B.copy_(host.lora_B[j]);
-    }
-    // The adapters as loaded, before any collective: with the check after the all-gather
-    // below, a wrong copy and a failed gather tell themselves apart.
-    check_adapters(j, "loaded", "as loaded vs the case's");
-    for (const auto& item : m->named_parameters()) {
-      if (item.key() == "lora_A" || item.key() == "lora_B") {
-        adapters.push_back(item.value());
-        adapter_names.push_back(host.names[j] + "." + item.key());
-      } else {
-        frozen.push_back(item.value());
-        frozen_before.push_back(item.value().detach().clone());
-        frozen_names.push_back(host.names[j] + "." + item.key());
+  void load(const c10::intrusive_ptr<c10d::Backend>& backend) {
+    QuantLinearOptions qo;
+    qo.storage = f_.float_view() ? PackedStorage::kFloatParameters : PackedStorage::kInt32Buffers;
+    if (f_.float_view()) qo.view_dtype = dtype_from_name(f_.storage);
+    qo.rank = c_.rank;
+    qo.scaling = c_.scaling();
+    qo.adapter_dtype = c_.adapter_dtype;
+    for (size_t j = 0; j < host_.base.size(); ++j) {
+      modules_.emplace_back(host_.base[j], at::Tensor(), qo);
+      auto& m = modules_.back();
+      // Built on the host from the packed tensors. Buffers (int32 storage) stay whole on
+      // every rank, as FSDP leaves buffers unsharded; parameters reach the device only as
+      // this rank's shards (below), never whole.
+      if (!f_.float_view()) m->to(device_);
+      {
+        const at::NoGradGuard no_grad;
+        m->lora_A.copy_(host_.lora_A[j]);  // from the host, as a rank loads a state dict
+        m->lora_B.copy_(host_.lora_B[j]);
+      }
+      // The adapters as loaded, before any collective: with the check after the all-gather
+      // below, a wrong copy and a failed gather tell themselves apart.
+      check_adapters(j, "loaded", "as loaded vs the case's");
+      for (const auto& item : m->named_parameters()) {
+        if (item.key() == "lora_A" || item.key() == "lora_B") {
+          adapters_.push_back(item.value());
+          adapter_names_.push_back(host_.names[j] + "." + item.key());
+        } else {
+          frozen_.push_back(item.value());
+          frozen_before_.push_back(item.value().detach().clone());
+          frozen_names_.push_back(host_.names[j] + "." + item.key());
+        }
       }
     }
+    if (!frozen_.empty()) {
+      frozen_shards_ = std::make_unique<ShardedParameters>(frozen_, f_.strategy, backend, device_);
+    }
+    adapter_shards_ = std::make_unique<ShardedParameters>(adapters_, f_.strategy, backend, device_);
   }
-  std::unique_ptr<ShardedParameters> frozen_shards;
-  if (!frozen.empty()) {
-    frozen_shards = std::make_unique<ShardedParameters>(frozen, f.strategy, backend, device);
-  }
-  ShardedParameters adapter_shards(adapters, f.strategy, backend, device);
 
-  if (frozen_shards) frozen_shards->gather();
-  adapter_shards.gather();
-  for (size_t j = 0; j < modules.size(); ++j) {
-    const auto words = modules[j]->packed();
-    const auto& original = host.base[j];
-    const std::string path = where + "gathered/" + host.names[j] + "/gptq/";
-    out.checks.push_back(compare_exact(path + "qweight", "after all-gather vs before sharding",
-                                       words.qweight, original.qweight.to(at::kLong)));
-    out.checks.push_back(compare_exact(path + "qzeros", "after all-gather vs before sharding",
-                                       words.qzeros, original.qzeros.to(at::kLong)));
-    out.checks.push_back(compare_exact(path + "scales", "after all-gather vs before sharding",
-                                       words.scales, original.scales.to(at::kDouble)));
-    check_adapters(j, "gathered", "after all-gather vs before sharding");
+  void gather() {
+    if (frozen_shards_) frozen_shards_->gather();
+    adapter_shards_->gather();
+    for (size_t j = 0; j < modules_.size(); ++j) {
+      const auto words = modules_[j]->packed();
+      const auto& original = host_.base[j];
+      const std::string path = where_ + "gathered/" + host_.names[j] + "/gptq/";
+      const char* compared = "after all-gather vs before sharding";
+      out_.checks.push_back(
+          compare_exact(path + "qweight", compared, words.qweight, original.qweight.to(at::kLong)));
+      out_.checks.push_back(
+          compare_exact(path + "qzeros", compared, words.qzeros, original.qzeros.to(at::kLong)));
+      out_.checks.push_back(
+          compare_exact(path + "scales", compared, words.scales, original.scales.to(at::kDouble)));
+      check_adapters(j, "gathered", compared);
+    }
   }
+
   // This rank's slice of the tokens; the loss is a sum, so the gradients add over ranks.
-  const int64_t slice = host.x2.size(0) / f.world_size;
-  const auto projection = [&](size_t j) {
-    return LoraProjection{modules[j]->packed(), at::Tensor(), modules[j]->lora_A,
-                          modules[j]->lora_B, c.scaling()};
-  };
-  const auto slice_of = [&](const at::Tensor& t) {
-    return t.narrow(0, r * slice, slice).to(device);
-  };
-  const auto y = lora_mlp(slice_of(host.x2), projection(0), projection(1), projection(2));
-  y.backward(slice_of(host.dy2));
-  // Backward computes gradients and nothing else: the adapters a rank trains on next step must
-  // still be the case's, bit for bit (an op that writes into its inputs fails here).
-  for (size_t j = 0; j < modules.size(); ++j) {
-    check_adapters(j, "after_backward", "after backward vs the case's");
-  }
-  std::vector<at::Tensor> grads;
-  for (const auto& a : adapters) grads.push_back(a.grad());
-  const auto grad_shards = adapter_shards.reduce_scatter(grads);
-  adapter_shards.release();
-  if (frozen_shards) frozen_shards->release();
-  const auto summed = adapter_shards.gather_copy(grad_shards);  // in the order of `adapters`
-  if (r == 0) {
+  void forward_backward() {
+    const int64_t slice = host_.x2.size(0) / f_.world_size;
+    const auto projection = [&](size_t j) {
+      return LoraProjection{modules_[j]->packed(), at::Tensor(), modules_[j]->lora_A,
+                            modules_[j]->lora_B, c_.scaling()};
+    };
+    const auto slice_of = [&](const at::Tensor& t) {
+      return t.narrow(0, r_ * slice, slice).to(device_);
+    };
+    const auto y = lora_mlp(slice_of(host_.x2), projection(0), projection(1), projection(2));
+    y.backward(slice_of(host_.dy2));
+    // Backward computes gradients and nothing else: the adapters a rank trains on next step
+    // must still be the case's, bit for bit (an op that writes into its inputs fails here).
+    for (size_t j = 0; j < modules_.size(); ++j) {
+      check_adapters(j, "after_backward", "after backward vs the case's");
+    }
+    std::vector<at::Tensor> grads;
+    for (const auto& a : adapters_) grads.push_back(a.grad());
+    const auto grad_shards = adapter_shards_->reduce_scatter(grads);
+    adapter_shards_->release();
+    if (frozen_shards_) frozen_shards_->release();
+    const auto summed = adapter_shards_->gather_copy(grad_shards);  // in the order of adapters_
+    if (r_ != 0) return;
     std::map<std::string, at::Tensor> by_name;
-    for (size_t i = 0; i < summed.size(); ++i) by_name[adapter_names[i]] = summed[i];
-    for (const auto& name : host.names) {
-      out.adapter_grads[name] = {by_name.at(name + ".lora_A"), by_name.at(name + ".lora_B")};
+    for (size_t i = 0; i < summed.size(); ++i) by_name[adapter_names_[i]] = summed[i];
+    for (const auto& name : host_.names) {
+      out_.adapter_grads[name] = {by_name.at(name + ".lora_A"), by_name.at(name + ".lora_B")};
     }
   }
 
   // A state dict from the shards (every rank gathers; rank 0 writes and reloads it).
-  const auto full = frozen_shards ? frozen_shards->gather_copy(frozen_shards->shards())
-                                  : std::vector<at::Tensor>{};
-  if (r == 0 && !full.empty()) {
+  void state_dict() {
+    const auto full = frozen_shards_ ? frozen_shards_->gather_copy(frozen_shards_->shards())
+                                     : std::vector<at::Tensor>{};
+    if (r_ != 0 || full.empty()) return;
     std::vector<safetensors::OutputTensor> tensors;
     for (size_t i = 0; i < full.size(); ++i) {
-      tensors.push_back(to_safetensors(frozen_names[i], full[i]));
+      tensors.push_back(to_safetensors(frozen_names_[i], full[i]));
     }
-    const std::string path = scratch + "/state_dict.safetensors";
+    const std::string path = scratch_ + "/state_dict.safetensors";
     safetensors::write_file(path, tensors, {});
     const safetensors::File file(path);
     for (size_t i = 0; i < full.size(); ++i) {
-      out.checks.push_back(compare_bits(id + "/state_dict/" + frozen_names[i],
-                                        "reloaded from a state dict of the shards vs before "
-                                        "sharding",
-                                        from_safetensors(file, *file.find(frozen_names[i])),
-                                        frozen_before[i]));
+      out_.checks.push_back(compare_bits(id_ + "/state_dict/" + frozen_names_[i],
+                                         "reloaded from a state dict of the shards vs before "
+                                         "sharding",
+                                         from_safetensors(file, *file.find(frozen_names_[i])),
+                                         frozen_before_[i]));
     }
   }
 
   // The cast guard: a numeric round trip of one shard through another float dtype (a
   // mixed-precision policy that casts) must be refused by name, not computed on.
-  if (frozen_shards) {
-    auto& shard = frozen_shards->shards().front();
+  void cast_guard() {
+    if (!frozen_shards_) return;
+    auto& shard = frozen_shards_->shards().front();
     const auto other = shard.scalar_type() == at::kHalf ? at::kBFloat16 : at::kHalf;
     const auto saved = shard.clone();
     shard.copy_(shard.to(other).to(shard.scalar_type()));
-    frozen_shards->gather();
+    frozen_shards_->gather();
     std::string message;
     try {
-      for (auto& m : modules) m->check_packed_intact();
+      for (auto& m : modules_) m->check_packed_intact();
     } catch (const c10::Error& e) {
       message = e.what_without_backtrace();
     }
@@ -276,12 +284,49 @@ void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, c
                        message.find("qzeros") != std::string::npos ||
                        message.find("scales") != std::string::npos ||
                        message.find("g_idx") != std::string::npos;
-    out.checks.push_back(expect_rejection(
-        where + "cast_guard", "a numerically cast shard refused by name", named,
+    out_.checks.push_back(expect_rejection(
+        where_ + "cast_guard", "a numerically cast shard refused by name", named,
         message.empty() ? "the words were cast and nothing noticed" : "message: " + message));
     shard.copy_(saved);
-    frozen_shards->release();
+    frozen_shards_->release();
   }
+
+ private:
+  // Module j's adapters bit for bit against the case's, under `stage` (loaded, gathered).
+  void check_adapters(size_t j, const std::string& stage, const std::string& compared) {
+    const std::string path = where_ + stage + "/" + host_.names[j] + "/";
+    out_.checks.push_back(compare_exact(path + "lora_A", compared,
+                                        modules_[j]->lora_A.detach().cpu(),
+                                        host_.lora_A[j].to(at::kDouble)));
+    out_.checks.push_back(compare_exact(path + "lora_B", compared,
+                                        modules_[j]->lora_B.detach().cpu(),
+                                        host_.lora_B[j].to(at::kDouble)));
+  }
+
+  const tb::Config& c_;
+  const FsdpConfig& f_;
+  const std::string& id_;
+  const HostCase& host_;
+  const int64_t r_;
+  const at::Device device_;
+  const std::string& scratch_;
+  RankResult& out_;
+  const std::string where_;
+  std::vector<QuantLinear> modules_;
+  std::vector<at::Tensor> frozen_, adapters_, frozen_before_;
+  std::vector<std::string> frozen_names_, adapter_names_;
+  std::unique_ptr<ShardedParameters> frozen_shards_, adapter_shards_;
+};
+
+void run_rank(const tb::Config& c, const FsdpConfig& f, const std::string& id, const HostCase& host,
+              const c10::intrusive_ptr<c10d::Backend>& backend, int64_t r, const at::Device device,
+              const std::string& scratch, RankResult& out) {
+  RankRun run(c, f, id, host, r, device, scratch, out);
+  run.load(backend);
+  run.gather();
+  run.forward_backward();
+  run.state_dict();
+  run.cast_guard();
 }
 
 }  // namespace
