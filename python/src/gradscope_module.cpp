@@ -160,39 +160,10 @@ struct RunArgs {
   std::string program = "python3 -m gradscope";
 };
 
-}  // namespace
-
-PYBIND11_MODULE(_gradscope, m) {
-  m.doc() = "gradscope's engine for the Python package (use the gradscope package)";
+// The facts defined once in C++: operator schemas, dtypes, a layer's projections.
+void bind_facts(py::module_& m) {
   namespace gs = gradscope;
   namespace rp = gradscope::report;
-  // A Python exception a case's operator raised stays in the thread's error indicator (see
-  // impl::set_after_case); it belongs to that case, which already reports it.
-  gs::impl::set_after_case([] {
-    py::gil_scoped_acquire gil;
-    PyErr_Clear();
-  });
-  // Bad input, a case that cannot be judged: what the command line exits 2 for.
-  py::register_exception<gs::InputError>(m, "GradscopeInputError", PyExc_ValueError);
-
-  m.def(
-      "run_cli",
-      [](const std::vector<std::string>& args, const std::string& program) {
-        // The package imports --import's modules before calling in; the C++ side names them.
-        const gs::CliHost host{program, true, python_interrupt};
-        try {
-          // Without the GIL: operators written in Python take it when the dispatcher calls
-          // them, and autograd's device threads take it for Python backward nodes.
-          py::gil_scoped_release release;
-          return gs::run_cli(args, host);
-        } catch (const gs::RunInterrupted&) {
-          throw py::error_already_set();  // the KeyboardInterrupt PyErr_CheckSignals raised
-        }
-      },
-      py::arg("args"), py::arg("program") = "python3 -m gradscope",
-      "runs `gradscope ARGS...` in this process and returns its exit code; `program` starts "
-      "the replay lines it prints");
-
   // Facts defined once in C++.
   py::dict schemas;
   for (const auto& op : gs::kOpSchemas) schemas[op.name] = op.schema;
@@ -221,7 +192,12 @@ PYBIND11_MODULE(_gradscope, m) {
     projections.emplace_back(std::string(p.name), std::string(p.module));
   }
   m.attr("LAYER_PROJECTIONS") = projections;
+}
 
+// The kinds' declarations: their fields.
+void bind_kinds(py::module_& m) {
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
   // The kinds' declarations.
   py::class_<gs::FieldSpec>(m, "Field", "a field of a kind (docs/case-files.md)")
       .def_readonly("name", &gs::FieldSpec::name)
@@ -257,7 +233,12 @@ PYBIND11_MODULE(_gradscope, m) {
         return out;
       },
       py::return_value_policy::reference);
+}
 
+// The model families' declarations.
+void bind_families(py::module_& m) {
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
   // The model families' declarations (docs/model-families.md). A configured value is the
   // config attribute's name, or None for the part's default.
   const auto configured = [](const gs::ConfiguredValue& v) -> std::optional<std::string> {
@@ -299,7 +280,12 @@ PYBIND11_MODULE(_gradscope, m) {
       "families", [] { return gs::model_families(); }, py::return_value_policy::reference,
       "the declarations in families_dir(); GradscopeInputError for a malformed one");
   m.def("families_dir", &gs::families_dir);
+}
 
+// Results: the enums, checks and case results.
+void bind_results(py::module_& m) {
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
   // Results.
   // The enums' member names are the reports' words (report_types.cpp), upper case.
   static std::deque<std::string> names;  // never moved: the members keep pointers into them
@@ -354,7 +340,12 @@ PYBIND11_MODULE(_gradscope, m) {
         for (const auto& [k, v] : c.metrics) out[py::str(k)] = v;
         return out;
       });
+}
 
+// Cases built from values or selected from files, and runs of them.
+void bind_cases(py::module_& m) {
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
   // Cases, built from values or selected from files.
   py::class_<Case>(m, "Case", "a case to run: its kind's fields and its id")
       .def_readonly("id", &Case::id)
@@ -514,7 +505,12 @@ PYBIND11_MODULE(_gradscope, m) {
       },
       py::arg("case"),
       "the case's generated tensors (DLPack capsules) under the names its tensors take");
+}
 
+// The end-to-end rule, its dump and the model command's reports.
+void bind_end_to_end(py::module_& m) {
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
   // The end-to-end rule (harness/verdict/end_to_end_rule.h) and the dump of its case.
   py::register_exception<gs::EndToEndNotJudged>(m, "EndToEndNotJudged");
   m.def(
@@ -602,4 +598,45 @@ PYBIND11_MODULE(_gradscope, m) {
       "check_model's report by the C++ writers (reports/model_report.h): each file named is "
       "written whole or not at all");
   py::register_exception<rp::OutputError>(m, "OutputError", PyExc_OSError);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_gradscope, m) {
+  m.doc() = "gradscope's engine for the Python package (use the gradscope package)";
+  namespace gs = gradscope;
+  namespace rp = gradscope::report;
+  // A Python exception a case's operator raised stays in the thread's error indicator (see
+  // impl::set_after_case); it belongs to that case, which already reports it.
+  gs::impl::set_after_case([] {
+    py::gil_scoped_acquire gil;
+    PyErr_Clear();
+  });
+  // Bad input, a case that cannot be judged: what the command line exits 2 for.
+  py::register_exception<gs::InputError>(m, "GradscopeInputError", PyExc_ValueError);
+
+  m.def(
+      "run_cli",
+      [](const std::vector<std::string>& args, const std::string& program) {
+        // The package imports --import's modules before calling in; the C++ side names them.
+        const gs::CliHost host{program, true, python_interrupt};
+        try {
+          // Without the GIL: operators written in Python take it when the dispatcher calls
+          // them, and autograd's device threads take it for Python backward nodes.
+          py::gil_scoped_release release;
+          return gs::run_cli(args, host);
+        } catch (const gs::RunInterrupted&) {
+          throw py::error_already_set();  // the KeyboardInterrupt PyErr_CheckSignals raised
+        }
+      },
+      py::arg("args"), py::arg("program") = "python3 -m gradscope",
+      "runs `gradscope ARGS...` in this process and returns its exit code; `program` starts "
+      "the replay lines it prints");
+
+  bind_facts(m);
+  bind_kinds(m);
+  bind_families(m);
+  bind_results(m);
+  bind_cases(m);
+  bind_end_to_end(m);
 }
