@@ -43,7 +43,7 @@ Matrix rotate(const Matrix& x, const AttentionShape& s, int64_t heads, double si
   for_each_row(x.rows(), [&](int64_t row) {
     const double position = static_cast<double>(row % s.seq + s.position_offset);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = position * std::pow(s.rope_theta, -2.0 * i / d);
+      const double angle = position * rope_frequency(s, i);
       const double c = std::cos(angle), sn = sign * std::sin(angle);
       for (int64_t h = 0; h < heads; ++h) {
         const double a = x(row, h * d + i), b = x(row, h * d + i + half);
@@ -98,6 +98,18 @@ Matrix causal_probabilities(const Matrix& q, const Matrix& k, int64_t i0, int64_
 }
 
 }  // namespace
+
+double rope_frequency(const AttentionShape& s, int64_t i) {
+  const double f = std::pow(s.rope_theta, -2.0 * static_cast<double>(i) / s.head_dim);
+  const RopeScaling& r = s.rope_scaling;
+  if (!r.llama3) return f;
+  const double wavelength = 2 * M_PI / f;
+  if (wavelength < r.original_max_position / r.high_freq_factor) return f;
+  if (wavelength > r.original_max_position / r.low_freq_factor) return f / r.factor;
+  const double smooth = (r.original_max_position / wavelength - r.low_freq_factor) /
+                        (r.high_freq_factor - r.low_freq_factor);
+  return (1 - smooth) * f / r.factor + smooth * f;
+}
 
 double attention_scale(const AttentionShape& s) {
   return s.scaling > 0 ? s.scaling : 1.0 / std::sqrt(static_cast<double>(s.head_dim));

@@ -17,6 +17,15 @@ struct RmsNorm {
 Matrix rmsnorm_forward(const Matrix& x, const RmsNorm& norm);
 Matrix rmsnorm_backward(const Matrix& x, const Matrix& dy, const RmsNorm& norm);  // dx
 
+// Llama 3's scaling of the rotary frequencies (rope_type "llama3"): frequencies whose
+// wavelength exceeds original_max_position / low_freq_factor are divided by factor, those
+// shorter than original_max_position / high_freq_factor kept, the ones between interpolated
+// (docs/model-families.md).
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_max_position = 8192;
+};
+
 // Shape of the attention inputs: q [batch * seq, heads * head_dim], k and v
 // [batch * seq, kv_heads * head_dim]; query head h reads key/value head h / (heads / kv_heads).
 struct AttentionShape {
@@ -24,10 +33,13 @@ struct AttentionShape {
   double rope_theta = 10000.0;
   int64_t position_offset = 0;  // position of a sequence's first token
   double scaling = 0;           // the scores' scale; 0: 1 / sqrt(head_dim)
+  RopeScaling rope_scaling{};
 };
 double attention_scale(const AttentionShape& s);
+// The rotary embedding's frequency of pair i: theta^(-2i / head_dim), scaled as s says.
+double rope_frequency(const AttentionShape& s, int64_t i);
 
-// Rotates each head's pairs (i, i + head_dim / 2) by position * theta^(-2i / head_dim);
+// Rotates each head's pairs (i, i + head_dim / 2) by position * rope_frequency(s, i);
 // the position of row b * seq + t is position_offset + t. `heads` is the number of heads in x's
 // columns.
 Matrix rope_forward(const Matrix& x, const AttentionShape& s, int64_t heads);

@@ -488,15 +488,18 @@ Matrix rope_variance(const Matrix& x, const Matrix& var_x, const AttentionShape&
   const int64_t d = s.head_dim, half = d / 2;
   const double u2 = act.unit_roundoff * act.unit_roundoff, sub2 = act.subnormal * act.subnormal;
   const double ua = acc.unit_roundoff;
+  const double angle_roundings = s.rope_scaling.llama3 ? 6.0 : 2.0;
   Matrix var(x.rows(), x.cols());
   for_each_row(x.rows(), [&](int64_t row) {
     const double position = static_cast<double>(row % s.seq + s.position_offset);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = position * std::pow(s.rope_theta, -2.0 * i / d);
+      const double angle = position * rope_frequency(s, i);
       const double c = std::cos(angle), sn = std::sin(angle);
-      // The table's error: the angle's (2 roundings of |angle|), cos/sin's own, then the
-      // rounding of the table entry into the activation format.
-      const double dangle2 = 4 * ua * ua * angle * angle;
+      // The table's error: the angle's (2 roundings of |angle|, and 4 more where Llama 3's
+      // scaling computes the frequency: the wavelength, its ratio, the smoothing factor and
+      // the blend), cos/sin's own, then the rounding of the table entry into the activation
+      // format.
+      const double dangle2 = angle_roundings * angle_roundings * ua * ua * angle * angle;
       const double var_c = sn * sn * dangle2 + ua * ua * c * c + u2 * c * c + sub2;
       const double var_s = c * c * dangle2 + ua * ua * sn * sn + u2 * sn * sn + sub2;
       for (int64_t h = 0; h < heads; ++h) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -142,6 +143,41 @@ TEST(LayerReferenceGrad, WholeLayerWithScaledScoresAndResidualBranches) {
   EXPECT_GT((layer_forward(x, l, shape) - layer_forward(x, l, kShape)).norm(), 1e-3);
   EXPECT_DOUBLE_EQ(attention_scale(kShape), 0.5);
   EXPECT_DOUBLE_EQ(attention_scale(shape), 0.3);
+}
+
+// Llama 3's frequency scaling: long wavelengths divided by the factor, short ones kept, the
+// band between blended so that the frequency is continuous at both of its edges; the layer's
+// gradients through it.
+TEST(LayerReferenceGrad, Llama3RopeScaling) {
+  AttentionShape shape{1, 6, 2, 1, 128};
+  shape.rope_theta = 500000.0;
+  shape.rope_scaling = {true, 8.0, 1.0, 4.0, 8192.0};
+  AttentionShape plain = shape;
+  plain.rope_scaling.llama3 = false;
+  EXPECT_EQ(rope_frequency(shape, 0), rope_frequency(plain, 0));  // wavelength 2 pi: kept
+  EXPECT_DOUBLE_EQ(rope_frequency(shape, 63), rope_frequency(plain, 63) / 8.0);
+  const double f32 = rope_frequency(plain, 32), wavelength = 2 * M_PI / f32;
+  ASSERT_GT(wavelength, 8192.0 / 4.0);
+  ASSERT_LT(wavelength, 8192.0 / 1.0);
+  const double scaled = rope_frequency(shape, 32);
+  EXPECT_GT(scaled, f32 / 8.0);
+  EXPECT_LT(scaled, f32);
+  // Continuous at the band's edges: a shape whose high-frequency edge sits at pair 32's
+  // wavelength keeps it; one whose low-frequency edge does divides it by the factor.
+  AttentionShape at_high = shape, at_low = shape;
+  at_high.rope_scaling.high_freq_factor = 8192.0 / wavelength;
+  at_low.rope_scaling.low_freq_factor = 8192.0 / wavelength;
+  at_low.rope_scaling.high_freq_factor = at_low.rope_scaling.low_freq_factor * 4;
+  EXPECT_NEAR(rope_frequency(at_high, 32), f32, 1e-12 * f32);
+  EXPECT_NEAR(rope_frequency(at_low, 32), f32 / 8.0, 1e-12 * f32);
+
+  Rng rng(6);
+  AttentionShape layer_shape{2, 5, 4, 2, 4};
+  layer_shape.rope_theta = 500000.0;   // pair 1's wavelength, about 4443, in the blended band
+  layer_shape.position_offset = 7000;  // positions where the scaled frequencies matter
+  layer_shape.rope_scaling = {true, 8.0, 1.0, 4.0, 8192.0};
+  Layer l = random_layer(rng, layer_shape, /*intermediate=*/24, /*rank=*/3);
+  expect_layer_gradients(rng, layer_shape, l);
 }
 
 // The check is not vacuous: dropping RMSNorm's second term is caught.

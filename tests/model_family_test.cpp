@@ -73,8 +73,8 @@ TEST(ModelFamily, WhatIsNotModelledIsRefusedNamingFileAndKey) {
   const struct {
     std::string from, to, expected;
   } bad[] = {
-      {"types = [\"default\"]", "types = [\"llama3\"]",
-       "rope.types holds 'llama3'; gradscope models the rope_type 'default' only"},
+      {"types = [\"default\", \"llama3\"]", "types = [\"yarn\"]",
+       "rope.types holds 'yarn'; gradscope models the rope_types default, llama3"},
       {"kind = \"rms\"", "kind = \"layer\"", "norms.kind is 'layer'; gradscope models rms"},
       {"activation = \"silu\"", "activation = \"gelu_tanh\"", "mlp.activation is 'gelu_tanh'"},
       {"mlp = [\"gate_proj\", \"up_proj\", \"down_proj\"]",
@@ -138,6 +138,16 @@ TEST(ModelFamily, ALayerCaseGivesValuesOnlyToThePartsItsFamilyConfigures) {
                 .find("attention_scaling must be 0 for family mistral"),
             std::string::npos);
   EXPECT_NE(case_error(layer + "family = \"gemma\"\n").find("no model family 'gemma'"),
+            std::string::npos);
+  EXPECT_EQ(case_error(layer + "rope_type = \"llama3\"\nrope_factor = 32.0\n"), "");
+  EXPECT_NE(case_error(layer + "family = \"granite\"\nrope_type = \"llama3\"\n")
+                .find("rope_type 'llama3' is not a rope_type of family granite"),
+            std::string::npos);
+  EXPECT_NE(case_error(layer + "rope_factor = 32.0\n")
+                .find("rope_factor is read only with rope_type = \"llama3\""),
+            std::string::npos);
+  EXPECT_NE(case_error(layer + "rope_type = \"llama3\"\nrope_high_freq_factor = 1.0\n")
+                .find("rope_high_freq_factor must exceed rope_low_freq_factor"),
             std::string::npos);
 }
 

@@ -69,7 +69,8 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l) {
   // (a, b) -> (a cos - b sin, b cos + a sin) on the two halves.
   const auto f32 = x.options().dtype(at::kFloat);
   const auto angle = at::arange(l.position_offset, l.position_offset + seq, f32).unsqueeze(1) *
-                     at::exp(at::arange(half, f32) * (-2.0 * std::log(l.rope_theta) / d));
+                     scaled_rope_frequencies(
+                         l, at::exp(at::arange(half, f32) * (-2.0 * std::log(l.rope_theta) / d)));
   const auto c = angle.cos().to(x.scalar_type()), s = angle.sin().to(x.scalar_type());
   const auto rope = [&](const at::Tensor& t) {  // [batch, heads, seq, d]
     const auto a = t.narrow(-1, 0, half), b = t.narrow(-1, half, half);

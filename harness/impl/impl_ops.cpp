@@ -353,9 +353,14 @@ at::Tensor Ops::decoder_layer(const at::Tensor& x, const DecoderLayer& l,
   values.insert("rope_theta", l.rope_theta);
   values.insert("attention_scale", attention_scale(l, l.input_norm.size(0) / l.heads));
   values.insert("residual_multiplier", l.residual_multiplier);
-  auto out = call(ns_, "decoder_layer",
-                  {x, norms, projections, static_cast<int64_t>(l.q.base.bits),
-                   to_string(l.q.base.format), args.alpha, args.rslora, l.family, sizes, values});
+  values.insert("rope_factor", l.rope_factor);
+  values.insert("rope_low_freq_factor", l.rope_low_freq_factor);
+  values.insert("rope_high_freq_factor", l.rope_high_freq_factor);
+  values.insert("rope_original_max_position", l.rope_original_max_position);
+  auto out =
+      call(ns_, "decoder_layer",
+           {x, norms, projections, static_cast<int64_t>(l.q.base.bits), to_string(l.q.base.format),
+            args.alpha, args.rslora, l.family, l.rope_type, sizes, values});
   return out.at(0).toTensor();
 }
 

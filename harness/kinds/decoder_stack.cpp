@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,13 @@ namespace gradscope::decoder_stack {
 namespace tb = lora_testbed;
 
 constexpr double kDefaultRmsEps = 1e-5, kDefaultRopeTheta = 10000.0;
+// Llama 3.1's values (its config.json rope_scaling): a case of rope_type llama3 that gives none.
+constexpr reference::RopeScaling kLlama3Rope{true, 8.0, 1.0, 4.0, 8192.0};
+constexpr std::pair<const char*, double> kRopeFields[] = {
+    {"rope_factor", kLlama3Rope.factor},
+    {"rope_low_freq_factor", kLlama3Rope.low_freq_factor},
+    {"rope_high_freq_factor", kLlama3Rope.high_freq_factor},
+    {"rope_original_max_position", kLlama3Rope.original_max_position}};
 
 // Text that reads back as v, so two values never share an id: a whole number in digits
 // (500000), anything else the shortest round trip (1e-06).
@@ -49,6 +57,24 @@ std::vector<FieldSpec> fields() {
       FieldSpec("rope_theta", FieldType::kFloat, kDefaultRopeTheta,
                 "RoPE base (default rotary embedding; Llama 3 uses 500000)")
           .in_range(1, 1e12),
+      FieldSpec("rope_type", FieldType::kString, std::string("default"),
+                "the rotary embedding: default, or llama3 (Llama 3.1/3.2's frequency scaling by "
+                "the four rope_* values)")
+          .one_of({report::SpecValue(std::string("default")),
+                   report::SpecValue(std::string("llama3"))}),
+      FieldSpec("rope_factor", FieldType::kFloat, kLlama3Rope.factor,
+                "llama3: the factor long wavelengths' frequencies are divided by")
+          .in_range(1, 1e4),
+      FieldSpec("rope_low_freq_factor", FieldType::kFloat, kLlama3Rope.low_freq_factor,
+                "llama3: wavelengths past original_max_position / it are scaled whole")
+          .in_range(1e-3, 1e4),
+      FieldSpec("rope_high_freq_factor", FieldType::kFloat, kLlama3Rope.high_freq_factor,
+                "llama3: wavelengths below original_max_position / it are kept")
+          .in_range(1e-3, 1e4),
+      FieldSpec("rope_original_max_position", FieldType::kFloat, kLlama3Rope.original_max_position,
+                "llama3: the context the model was pretrained at (original_max_position_"
+                "embeddings)")
+          .in_range(1, 1 << 24),
       FieldSpec("family", FieldType::kString, std::string("llama"),
                 "the model family whose decoder layer this is (families/<name>.toml)"),
       FieldSpec("attention_scaling", FieldType::kFloat, 0.0,
@@ -75,6 +101,13 @@ void validate_family(const CaseSpec& s) {
   } catch (const InputError& e) {
     throw_field_error(s, "family", std::string("is not declared: ") + e.what());
   }
+  const auto rope_type = s.get_string("rope_type");
+  const auto& types = family->rope.types;
+  if (std::find(types.begin(), types.end(), rope_type) == types.end()) {
+    throw_field_error(s, "rope_type",
+                      "'" + rope_type + "' is not a rope_type of family " + name + " (" +
+                          family->file + ", rope.types)");
+  }
   if (!family->attention.scaling.configured() && s.get_float("attention_scaling") != 0.0) {
     throw_field_error(s, "attention_scaling",
                       "must be 0 for family " + name +
@@ -94,6 +127,17 @@ void validate_family(const CaseSpec& s) {
 void validate(const CaseSpec& s, const std::string& kind) {
   tb::validate(s);
   validate_family(s);
+  if (s.get_string("rope_type") == "default") {
+    for (const auto& [field, default_value] : kRopeFields) {
+      if (s.get_float(field) != default_value) {
+        throw_field_error(s, field, "is read only with rope_type = \"llama3\"");
+      }
+    }
+  } else if (s.get_float("rope_high_freq_factor") <= s.get_float("rope_low_freq_factor")) {
+    throw_field_error(s, "rope_high_freq_factor",
+                      "must exceed rope_low_freq_factor (Llama 3's smoothing divides by their "
+                      "difference)");
+  }
   const int64_t hidden = s.get_int("hidden"), heads = s.get_int("heads"),
                 kv = s.get_int("kv_heads"), inter = s.get_int("intermediate");
   tb::validate_heads(s, /*rope=*/true);
@@ -138,7 +182,10 @@ Dims::Dims(const CaseSpec& s)
       rope_theta(s.get_float("rope_theta")),
       attention_scaling(s.get_float("attention_scaling")),
       residual_multiplier(s.get_float("residual_multiplier")),
-      family(s.get_string("family")) {}
+      family(s.get_string("family")),
+      rope_scaling{s.get_string("rope_type") == "llama3", s.get_float("rope_factor"),
+                   s.get_float("rope_low_freq_factor"), s.get_float("rope_high_freq_factor"),
+                   s.get_float("rope_original_max_position")} {}
 
 std::string Dims::id_part() const {
   std::string id = "h" + std::to_string(hidden) + "i" + std::to_string(intermediate) + ".q" +
@@ -148,6 +195,15 @@ std::string Dims::id_part() const {
   if (max_position != 4096) id += ".ctx" + std::to_string(max_position);
   if (rms_eps != kDefaultRmsEps) id += ".eps" + short_number(rms_eps);
   if (rope_theta != kDefaultRopeTheta) id += ".theta" + short_number(rope_theta);
+  if (rope_scaling.llama3) {
+    id += ".llama3";
+    const double values[] = {rope_scaling.factor, rope_scaling.low_freq_factor,
+                             rope_scaling.high_freq_factor, rope_scaling.original_max_position};
+    const char* tags[] = {".rf", ".rl", ".rh", ".ro"};
+    for (int i = 0; i < 4; ++i) {
+      if (values[i] != kRopeFields[i].second) id += tags[i] + short_number(values[i]);
+    }
+  }
   if (family != "llama") id += "." + family;
   if (attention_scaling != 0.0) id += ".as" + short_number(attention_scaling);
   if (residual_multiplier != 1.0) id += ".rm" + short_number(residual_multiplier);
@@ -159,6 +215,7 @@ reference::AttentionShape Dims::attention(const tb::Config& c) const {
   shape.position_offset = first_position(c.seed, c.inputs, position_offset, max_position, c.seq);
   shape.rope_theta = rope_theta;
   shape.scaling = attention_scaling;
+  shape.rope_scaling = rope_scaling;
   return shape;
 }
 
@@ -242,6 +299,13 @@ DecoderLayer device_layer(const tb::Config& c, const Dims& d, const StackLayer& 
   layer.heads = d.heads;
   layer.kv_heads = d.kv_heads;
   layer.family = d.family;
+  if (d.rope_scaling.llama3) {
+    layer.rope_type = "llama3";
+    layer.rope_factor = d.rope_scaling.factor;
+    layer.rope_low_freq_factor = d.rope_scaling.low_freq_factor;
+    layer.rope_high_freq_factor = d.rope_scaling.high_freq_factor;
+    layer.rope_original_max_position = d.rope_scaling.original_max_position;
+  }
   layer.attention_scaling = d.attention_scaling;
   layer.residual_multiplier = d.residual_multiplier;
   for (const auto& p : L.projections) member(layer, p.name) = p.of(role);

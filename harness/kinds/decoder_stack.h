@@ -13,7 +13,7 @@
 namespace gradscope::decoder_stack {
 
 // hidden, intermediate, heads, kv_heads, layers, position_offset, max_position, rms_eps,
-// rope_theta, family, attention_scaling, residual_multiplier.
+// rope_theta, the rope_type and its four values, family, attention_scaling, residual_multiplier.
 std::vector<FieldSpec> fields();
 // Heads dividing hidden into even widths, kv_heads dividing heads, GPTQ shapes, no
 // dropout (it is checked per op), batch >= 1, a declared family configuring every part the
@@ -25,6 +25,7 @@ struct Dims {
   int64_t position_offset, max_position;
   double rms_eps, rope_theta, attention_scaling, residual_multiplier;
   std::string family;
+  reference::RopeScaling rope_scaling;
   explicit Dims(const CaseSpec& spec);
   // "h128i256.q4kv2.L2", then ".pos<offset>", ".ctx<max_position>", ".eps<rms_eps>" and
   // ".theta<rope_theta>", ".<family>", ".as<attention_scaling>" and ".rm<residual_multiplier>"

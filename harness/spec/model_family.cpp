@@ -19,7 +19,7 @@ namespace {
 // What gradscope models of each part (docs/model-families.md): a declaration asking for
 // anything else is refused when read, not judged against the wrong reference.
 const std::set<std::string> kNormKinds = {"rms"};
-const std::set<std::string> kRopeTypes = {"default"};
+const std::set<std::string> kRopeTypes = {"default", "llama3"};
 const std::set<std::string> kMasks = {"causal"};
 const std::set<std::string> kActivations = {"silu"};
 const std::vector<std::string> kSelfAttn = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -181,7 +181,8 @@ ModelFamily read_model_family(const std::string& path) {
     f.rope.types = t.strings("types");
     for (const auto& type : f.rope.types) {
       if (!kRopeTypes.count(type)) {
-        t.fail("types", "holds '" + type + "'; gradscope models the rope_type 'default' only");
+        t.fail("types", "holds '" + type + "'; gradscope models the rope_types " +
+                            joined(std::vector<std::string>(kRopeTypes.begin(), kRopeTypes.end())));
       }
     }
     f.rope.theta = t.attribute("theta");

@@ -11,13 +11,16 @@ namespace {
 
 // cos and sin [seq, head_dim] of the rotate-half convention for positions first ..
 // first + seq - 1, in fp32 then x's dtype (positions above 256 are not integers in bf16).
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t first, int64_t seq, int64_t head_dim,
-                                              double theta, const at::Tensor& like) {
+std::pair<at::Tensor, at::Tensor> rope_tables(const DecoderLayer& l, int64_t seq, int64_t head_dim,
+                                              const at::Tensor& like) {
+  const int64_t first = l.position_offset;
+  const double theta = l.rope_theta;
   const auto table = like.options().dtype(
       fault_active(Fault::kRopeTableInActivationDtype) ? like.scalar_type() : at::kFloat);
   const auto f32 = like.options().dtype(at::kFloat);
-  const auto inv_freq =
-      at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim)).reciprocal();
+  const auto inv_freq = scaled_rope_frequencies(
+      l,
+      at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim)).reciprocal());
   const auto angles = at::outer(at::arange(first, first + seq, table), inv_freq.to(table));
   const auto both = at::cat({angles, angles}, -1);
   return {both.cos().to(like.scalar_type()), both.sin().to(like.scalar_type())};
@@ -42,6 +45,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+at::Tensor scaled_rope_frequencies(const DecoderLayer& l, const at::Tensor& f) {
+  if (l.rope_type != "llama3") return f;
+  const double old_context = l.rope_original_max_position;
+  const auto wavelength = (2 * M_PI) / f;
+  const auto low =
+      at::where(wavelength > old_context / l.rope_low_freq_factor, f / l.rope_factor, f);
+  const auto smooth = (old_context / wavelength - l.rope_low_freq_factor) /
+                      (l.rope_high_freq_factor - l.rope_low_freq_factor);
+  const auto blended = (1 - smooth) * low / l.rope_factor + smooth * low;
+  const auto medium = (wavelength >= old_context / l.rope_high_freq_factor)
+                          .logical_and(wavelength <= old_context / l.rope_low_freq_factor);
+  return at::where(medium, blended, low);
+}
+
 double attention_scale(const DecoderLayer& l, int64_t head_dim) {
   return l.attention_scaling > 0 ? l.attention_scaling
                                  : 1.0 / std::sqrt(static_cast<double>(head_dim));
@@ -64,7 +81,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& l, const Layer
   const auto heads = [&](const at::Tensor& t, int64_t n) {
     return t.view({batch, seq, n, head_dim}).transpose(1, 2);
   };
-  const auto [cos, sin] = rope_tables(l.position_offset, seq, head_dim, l.rope_theta, x);
+  const auto [cos, sin] = rope_tables(l, seq, head_dim, x);
   const auto q = apply_rope(heads(qkv[0], l.heads), cos, sin);
   const auto k = apply_rope(heads(qkv[1], l.kv_heads), cos, sin);
   const auto v = heads(qkv[2], l.kv_heads);

@@ -136,12 +136,16 @@ std::array<V, N> by_keys(const c10::Dict<std::string, V>& dict, const char* cons
 at::Tensor decoder_layer_op(const at::Tensor& x, const c10::Dict<std::string, at::Tensor>& norms,
                             const c10::Dict<std::string, c10::List<at::Tensor>>& projections,
                             int64_t bits, const std::string& format, double alpha, bool rslora,
-                            const std::string& family, const c10::Dict<std::string, int64_t>& sizes,
+                            const std::string& family, const std::string& rope_type,
+                            const c10::Dict<std::string, int64_t>& sizes,
                             const c10::Dict<std::string, double>& values) {
   const auto& keys = kDecoderLayerKeys;
   const auto [input_norm, post_attention_norm] = by_keys(norms, keys.norms, "norms");
   const auto [heads, kv_heads, position_offset] = by_keys(sizes, keys.sizes, "sizes");
-  const auto [rms_eps, rope_theta, scale, multiplier] = by_keys(values, keys.values, "values");
+  const auto [rms_eps, rope_theta, scale, multiplier, factor, low, high, original] =
+      by_keys(values, keys.values, "values");
+  TORCH_CHECK(rope_type == "default" || rope_type == "llama3",
+              "gradscope.decoder_layer: rope_type '", rope_type, "': expected default or llama3");
   const auto lists = by_keys(projections, keys.projections, "projections");
   const int64_t hidden = x.size(-1);
   TORCH_CHECK(input_norm.dim() == 1 && input_norm.size(0) == hidden &&
@@ -169,6 +173,11 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const c10::Dict<std::string, at
   l.kv_heads = kv_heads;
   l.rope_theta = rope_theta;
   l.position_offset = position_offset;
+  l.rope_type = rope_type;
+  l.rope_factor = factor;
+  l.rope_low_freq_factor = low;
+  l.rope_high_freq_factor = high;
+  l.rope_original_max_position = original;
   l.attention_scaling = scale;
   l.residual_multiplier = multiplier;
   return decoder_layer(x, l);

@@ -110,6 +110,8 @@ class _LayerConfig:
     head_dim: int
     rms_eps: float
     rope_theta: float
+    rope_type: str  # "default" or "llama3"
+    rope_scaling: Dict[str, float]  # llama3's four values, by the case's field names
     attention_scaling: float  # 0: the default 1 / sqrt(head_dim) (the family configures none)
     residual_multiplier: float
     eager: bool  # eager attention takes the causal mask; SDPA's is_causal applies it without one
@@ -208,6 +210,15 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
     if rope_type not in family.rope.types:
         raise ModuleRefused(f"rope_parameters: rope_type {rope_type!r}: the reference models the "
                             f"{' and '.join(family.rope.types)} rotary embedding only")
+    # Llama 3's four values, by the case fields' names (transformers' rope_parameters keys).
+    rope_scaling: Dict[str, float] = {}
+    if rope_type == "llama3":
+        for field, key in (("rope_factor", "factor"), ("rope_low_freq_factor", "low_freq_factor"),
+                           ("rope_high_freq_factor", "high_freq_factor"),
+                           ("rope_original_max_position", "original_max_position_embeddings")):
+            if rope.get(key) is None:
+                raise ModuleRefused(f"rope_parameters: rope_type 'llama3' without {key}")
+            rope_scaling[field] = float(rope[key])
     if family.rope.theta not in rope:
         raise ModuleRefused(f"rope_parameters has no {family.rope.theta}: the RoPE base is not "
                             "known")
@@ -248,7 +259,8 @@ def _layer_config(layer: torch.nn.Module, projections: Dict[str, LoraLinear], se
     return _LayerConfig(family.name, heads, kv_heads, head_dim,
                         _rms_norm_eps(layer, float(_config_value(config, family.norms.eps,
                                                                  family))),
-                        float(rope[family.rope.theta]), scaling, multiplier,
+                        float(rope[family.rope.theta]), rope_type, rope_scaling, scaling,
+                        multiplier,
                         implementation == "eager", rotary[0](config=config).to(device))
 
 
@@ -317,6 +329,7 @@ def _case_fields(kind: str, projections: Dict[str, LoraLinear], batch: int, seq:
                       intermediate=projections["gate_proj"].out_features, heads=layer.heads,
                       kv_heads=layer.kv_heads, layers=1, prod_calls="decoder_layer",
                       rms_eps=layer.rms_eps, rope_theta=layer.rope_theta, family=layer.family,
+                      rope_type=layer.rope_type, **layer.rope_scaling,
                       attention_scaling=layer.attention_scaling,
                       residual_multiplier=layer.residual_multiplier)
     elif kind == "lora_w":

@@ -118,17 +118,19 @@ def register(ns: str, case: ModuleCase, module: torch.nn.Module, adapter: str
             return torch.func.functional_call(module, tensors, (x,))
 
     def decoder_layer(x, norms, layer_projections, bits, zero_format, lora_alpha, use_rslora,
-                      family, sizes, values):
+                      family, rope_type, sizes, values):
         # The case was written from the layer's configuration: anything else is a harness bug.
         assert layer is not None
-        asked = (family, sizes["heads"], sizes["kv_heads"], values["rms_eps"],
-                 values["rope_theta"], values["residual_multiplier"])
-        have = (layer.family, layer.heads, layer.kv_heads, layer.rms_eps, layer.rope_theta,
-                layer.residual_multiplier)
+        asked = (family, rope_type, sizes["heads"], sizes["kv_heads"], values["rms_eps"],
+                 values["rope_theta"], values["residual_multiplier"],
+                 {k: values[k] for k in layer.rope_scaling})
+        have = (layer.family, layer.rope_type, layer.heads, layer.kv_heads, layer.rms_eps,
+                layer.rope_theta, layer.residual_multiplier, layer.rope_scaling)
         if asked != have or not math.isclose(values["attention_scale"], layer.attention_scale,
                                              rel_tol=1e-12):
-            raise RuntimeError(f"check_module: the case asks family, heads, kv_heads, rms_eps, "
-                               f"rope_theta, residual_multiplier {asked} and attention_scale "
+            raise RuntimeError(f"check_module: the case asks family, rope_type, heads, kv_heads, "
+                               f"rms_eps, rope_theta, residual_multiplier, rope scaling {asked} "
+                               f"and attention_scale "
                                f"{values['attention_scale']}, the layer has {layer}")
         tensors = {f"{name}.weight": norms[name]
                    for name in ("input_layernorm", "post_attention_layernorm")}

@@ -9,9 +9,12 @@
    judging a family against another's reference does).
 3. Layers of families that only look like Llama (SmolLM3, Helium) are refused naming their
    model_type, not judged against Llama's reference.
-4. A malformed declaration is refused naming its file and key, in Python and on the command
+4. A Llama 3.1 layer (rope_type llama3, its four scaling values) passes in every dtype; read as
+   the default rotary embedding, the same layer fails: the scaling is what is judged.
+5. A malformed declaration is refused naming its file and key, in Python and on the command
    line (exit 2); a version 3 decoder_layer is refused showing both signatures.
 """
+import dataclasses
 import pathlib
 import shutil
 import subprocess
@@ -19,12 +22,15 @@ import subprocess
 import pytest
 import torch
 from lora_models import LLAMA_SIZES, lora, quant
-from transformers import GraniteConfig, GraniteForCausalLM, HeliumConfig, SmolLM3Config
+from transformers import (GraniteConfig, GraniteForCausalLM, HeliumConfig, LlamaConfig,
+                          SmolLM3Config)
 from transformers.models.granite.modeling_granite import GraniteDecoderLayer
 from transformers.models.helium.modeling_helium import HeliumDecoderLayer
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3DecoderLayer
 
 import gradscope
+from gradscope import readers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SIZES = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4,
@@ -104,6 +110,31 @@ def test_lookalikes_are_refused_by_model_type(cls, config):
     with pytest.raises(gradscope.ModuleRefused,
                        match=f"model_type '{config.model_type}' is declared by no model family"):
         gradscope.check_module(layer)
+
+
+def llama31_layer():
+    torch.manual_seed(0)
+    config = LlamaConfig(**SIZES, max_position_embeddings=131072, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    return with_lora(LlamaDecoderLayer(config, 0))
+
+
+def test_llama31_rope_scaling_is_judged():
+    cases = gradscope.check_module(llama31_layer())
+    assert [c.status for c in cases] == ["pass"] * 3
+    assert all(".theta500000.llama3." in c.id for c in cases), [c.id for c in cases]
+
+
+def test_llama31_read_with_the_default_rope_fails(monkeypatch):
+    read = readers._layer_config
+
+    def without_scaling(*args, **kwargs):
+        return dataclasses.replace(read(*args, **kwargs), rope_type="default", rope_scaling={})
+
+    monkeypatch.setattr(readers, "_layer_config", without_scaling)
+    failed = failing_paths(llama31_layer())
+    assert any(p.endswith("hidden/output") for p in failed), failed
 
 
 @pytest.fixture

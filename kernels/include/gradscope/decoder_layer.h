@@ -22,7 +22,12 @@ struct DecoderLayer {
   LoraProjection q, k, v, o, gate, up, down;
   int64_t heads = 0, kv_heads = 0;
   double rope_theta = 10000.0;
-  int64_t position_offset = 0;     // position of each sequence's first token
+  int64_t position_offset = 0;  // position of each sequence's first token
+  // "llama3": Llama 3's scaling of the rotary frequencies by the four values below
+  // (docs/model-families.md); "default": none.
+  std::string rope_type = "default";
+  double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4,
+         rope_original_max_position = 8192;
   double attention_scaling = 0;    // the scores' scale; 0: 1 / sqrt(head_dim)
   double residual_multiplier = 1;  // h = x + m * attention(...), out = h + m * mlp(...)
 };
@@ -43,6 +48,9 @@ struct LayerLoraOps {
 at::Tensor decoder_layer(const at::Tensor& x, const DecoderLayer& layer,
                          const LayerLoraOps& ops = {});
 
+// Llama 3's scaling of inverse frequencies `f` (fp32, as Hugging Face computes it), where the
+// layer's rope_type is "llama3"; `f` itself otherwise.
+at::Tensor scaled_rope_frequencies(const DecoderLayer& layer, const at::Tensor& f);
 // The scores' scale of a layer of head width `head_dim`.
 double attention_scale(const DecoderLayer& layer, int64_t head_dim);
 // A residual branch times the layer's multiplier, in its dtype as Hugging Face's Granite

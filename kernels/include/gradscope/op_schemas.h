@@ -34,7 +34,7 @@ inline constexpr OpSchema kOpSchemas[] = {
     {"decoder_layer",
      "decoder_layer(Tensor x, Dict(str, Tensor) norms, Dict(str, Tensor[]) projections, "
      "int bits, str zero_format, float lora_alpha, bool use_rslora, str family, "
-     "Dict(str, int) sizes, Dict(str, float) values) -> Tensor",
+     "str rope_type, Dict(str, int) sizes, Dict(str, float) values) -> Tensor",
      /*optional=*/true},
 };
 
@@ -43,15 +43,17 @@ struct DecoderLayerKeys {
   const char* norms[2];
   const char* projections[7];
   const char* sizes[3];
-  const char* values[4];
+  const char* values[8];
 };
 inline constexpr DecoderLayerKeys kDecoderLayerKeys = {
     {"input_layernorm", "post_attention_layernorm"},
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
     {"heads", "kv_heads", "position_offset"},
     // attention_scale: the scores' scale itself (1 / sqrt(head_dim) where the family fixes
-    // none); residual_multiplier: 1 where the family has none.
-    {"rms_eps", "rope_theta", "attention_scale", "residual_multiplier"},
+    // none); residual_multiplier: 1 where the family has none; the rope_* four: Llama 3's
+    // frequency scaling, read where rope_type is "llama3".
+    {"rms_eps", "rope_theta", "attention_scale", "residual_multiplier", "rope_factor",
+     "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position"},
 };
 
 // Defined beside the registration: a program that calls it links the object that registers
