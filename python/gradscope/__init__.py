@@ -35,7 +35,7 @@ from .api import check, define_ops, list_cases, make_case  # noqa: E402
 from .check_module import check_module  # noqa: E402
 from .cli import main  # noqa: E402
 from .errors import GradscopeInputError, ModuleRefused  # noqa: E402
-from .model_check import ModelReport, ModuleResult, check_model  # noqa: E402
+from .model_check import ModelReport, ModuleResult, Refusal, check_model  # noqa: E402
 from .quant_linear import QuantLinear  # noqa: E402
 from .results import Case, Check  # noqa: E402
 
@@ -53,6 +53,7 @@ __all__ = [
     "ModuleRefused",
     "ModuleResult",
     "QuantLinear",
+    "Refusal",
     "check",
     "check_model",
     "check_module",

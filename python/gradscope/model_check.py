@@ -10,7 +10,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import end_to_end as e2e
-from . import lora_linear
+from . import lora_linear, readers
 from .check_module import check_module
 from .errors import GradscopeInputError, ModuleRefused
 from .readers import (_ATTENTION, _MLP, _is_decoder_layer, _lora_linear, gradients_of,
@@ -51,12 +51,28 @@ class ModuleResult:
 
 
 @dataclasses.dataclass
+class Refusal:
+    """A module check_model could not judge as its kind, and the parts it judged instead."""
+
+    path: str
+    kind: str
+    reason: str  # the ModuleRefused message
+    judged_by: List[str]  # the paths of its parts judged in its place; empty: none
+
+
+@dataclasses.dataclass
 class ModelReport:
     """check_model's result: every module it found, in the model's order, then the model end
     to end (path "end_to_end", kind "model") where it ran, or a note saying why it did not."""
 
     modules: List[ModuleResult]
     note: str = ""
+    refused: List[Refusal] = dataclasses.field(default_factory=list)
+
+    @property
+    def unjudged(self) -> List[Refusal]:
+        """The modules neither judged as their kind nor by parts of theirs."""
+        return [r for r in self.refused if not r.judged_by]
 
     @property
     def passed(self) -> bool:
@@ -96,6 +112,10 @@ class ModelReport:
             verdict = "FAIL" if not m.passed else "invalid" if m.not_judged else "pass"
             lines.append(f"{m.path:<{width}}  {m.kind:<6}  {verdict:<7}  "
                          f"{ratio:.3g}  {where[len(m.path) + 1:]}{declined}")
+        for r in self.refused:
+            instead = (f"judged by {', '.join(r.judged_by)}" if r.judged_by
+                       else "NOT JUDGED")
+            lines.append(f"{r.path:<{width}}  {r.kind:<6}  refused  {instead}: {r.reason}")
         return "\n".join(lines + ([self.note] if self.note else []))
 
 
@@ -123,6 +143,40 @@ def _model_modules(model: torch.nn.Module, by: str) -> Iterator[Tuple[str, str]]
         elif lora_linear.is_lora(module) and path not in covered:
             covered.add(path)
             yield path, "lora_w"
+
+
+def _parts(module: torch.nn.Module, path: str, kind: str) -> List[Tuple[str, str]]:
+    """What judges a refused module in its place: a decoder layer's attention and MLP by module,
+    an attention's or MLP's projections one by one; nothing for one LoRA linear."""
+    if kind == "layer":
+        return [(f"{path}.{sub}", k) for sub, k in _model_modules(module, "module")]
+    names = {"qkv": _ATTENTION[:3], "mlp": _MLP}.get(kind, ())
+    return [(f"{path}.{n}", "lora_w") for n in names
+            if lora_linear.is_lora(getattr(module, n, None))]
+
+
+def _readable(modules: Dict[str, torch.nn.Module], found: List[Tuple[str, str]], adapter: str,
+              batch: int, seq: int, seed: int, zero_format: Optional[str]
+              ) -> Tuple[List[Tuple[str, str]], List[Refusal]]:
+    """The modules check_module reads as their kind, each refused one replaced by its parts
+    (and theirs, down to single LoRA linears), with the refusals: one module the reference
+    does not model leaves the rest of the model judged."""
+    readable: List[Tuple[str, str]] = []
+    refused: List[Refusal] = []
+
+    def visit(path: str, kind: str) -> None:
+        try:
+            readers.read(modules[path], kind, adapter, seq).fields(batch, seq, seed, zero_format)
+            readable.append((path, kind))
+        except ModuleRefused as e:
+            parts = _parts(modules[path], path, kind)
+            refused.append(Refusal(path, kind, str(e), [p for p, _ in parts]))
+            for part in parts:
+                visit(*part)
+
+    for path, kind in found:
+        visit(path, kind)
+    return readable, refused
 
 
 def _captured_inputs(model: torch.nn.Module, modules: Dict[str, torch.nn.Module],
@@ -220,7 +274,11 @@ def check_model(
     (mlp), and any other LoRA linear over a GPTQ base. Each module gets the seeded case of its
     own configuration (module i: seed + i), so a bug shows in the module that has it and not in
     every layer after. by="layer" judges each decoder layer whole instead (kind layer: the
-    layer's own norms, rotary embedding, attention and residuals under test too).
+    layer's own norms, rotary embedding, attention and residuals under test too). A module
+    check_module cannot read as its kind is judged by its parts instead (a decoder layer by its
+    attention and MLP, an attention or MLP by its projections one by one), each such refusal
+    in the report (`refused`, the table, the note); a LoRA linear judged by nothing at all
+    raises GradscopeInputError naming it unless raise_on_failure is False (`unjudged`).
     inputs="model" judges each module on what the model itself gives it: the model runs seeded
     token ids (batch x seq, its own vocabulary) to the mean next-token loss and back, hooks keep
     each module's input and output gradients, and each module is then checked on those and on
@@ -260,6 +318,7 @@ def check_model(
         raise GradscopeInputError(f"end_to_end={end_to_end!r}: expected 'auto', True or "
                                       "False")
     modules = {path: module for path, module in model.named_modules()}
+    found, refused = _readable(modules, found, adapter, batch, seq, seed, zero_format)
     captured = (_captured_inputs(model, modules, found, batch, seq, seed) if inputs == "model"
                 else {})
     own = "module" if inputs == "model" else "case"
@@ -273,7 +332,13 @@ def check_model(
                                               if dump_dir else None,
                                               raise_on_failure=False))
         for i, (path, kind) in enumerate(found)
-    ])
+    ], refused=refused)
+    if refused:
+        report.note = (f"{len(refused)} modules refused as their kind "
+                       f"({', '.join(r.path for r in refused)}): "
+                       + ("each judged by its parts" if not report.unjudged else
+                          f"{len(report.unjudged)} judged by nothing")
+                       + " (see the table)")
     if end_to_end is not False:
         loras = [p for path, m in model.named_modules() if lora_linear.is_lora(m)
                  for p in [_lora_linear(m, path, adapter)] if p is not None]
@@ -285,9 +350,13 @@ def check_model(
         except e2e.NotRun as e:
             if end_to_end is True:
                 raise ModuleRefused(f"end_to_end=True: {e}") from None
-            report.note = f"end to end: not run: {e}"
+            report.note = "; ".join(n for n in (report.note, f"end to end: not run: {e}") if n)
     if report.first_failure is not None and raise_on_failure:
         raise AssertionError("\n".join(report.divergence_lines() + ["", report.table()]))
+    if report.unjudged and raise_on_failure:  # no verdict there: not a pass either
+        raise GradscopeInputError("\n".join(
+            [f"{len(report.unjudged)} LoRA modules could not be judged at all:"]
+            + [f"  {r.path}: {r.reason}" for r in report.unjudged] + ["", report.table()]))
     if report.not_judged and raise_on_failure:  # no verdict there: not a pass either
         raise GradscopeInputError("\n".join(
             [f"{len(report.not_judged)} of {len(report.modules)} modules could not be judged "

@@ -11,7 +11,11 @@
    model_type, not judged against Llama's reference.
 4. A Llama 3.1 layer (rope_type llama3, its four scaling values) passes in every dtype; read as
    the default rotary embedding, the same layer fails: the scaling is what is judged.
-5. A malformed declaration is refused naming its file and key, in Python and on the command
+5. check_model never gives up on a whole model: a module it cannot read as its kind is judged
+   by its parts (a GELU MLP by its three projections; with by="layer", each layer of an
+   undeclared family by its attention and MLP), each refusal in the report; a LoRA linear
+   judged by nothing raises, naming it, or with raise_on_failure=False is listed as unjudged.
+6. A malformed declaration is refused naming its file and key, in Python and on the command
    line (exit 2); a version 3 decoder_layer is refused showing both signatures.
 """
 import dataclasses
@@ -21,7 +25,7 @@ import subprocess
 
 import pytest
 import torch
-from lora_models import LLAMA_SIZES, lora, quant
+from lora_models import LLAMA_SIZES, lora, quant, tiny_llama
 from transformers import (GraniteConfig, GraniteForCausalLM, HeliumConfig, LlamaConfig,
                           SmolLM3Config)
 from transformers.models.granite.modeling_granite import GraniteDecoderLayer
@@ -135,6 +139,53 @@ def test_llama31_read_with_the_default_rope_fails(monkeypatch):
     monkeypatch.setattr(readers, "_layer_config", without_scaling)
     failed = failing_paths(llama31_layer())
     assert any(p.endswith("hidden/output") for p in failed), failed
+
+
+def test_a_module_refused_as_its_kind_is_judged_by_its_parts():
+    model = tiny_llama()
+    model.model.layers[1].mlp.act_fn = torch.nn.GELU()  # the reference's MLP is SwiGLU
+    report = gradscope.check_model(model, end_to_end=False)
+    assert report.passed, report.table()
+    [refusal] = report.refused
+    assert refusal.path == "model.layers.1.mlp" and "not SiLU" in refusal.reason
+    assert refusal.judged_by == [f"model.layers.1.mlp.{n}" for n in
+                                 ("gate_proj", "up_proj", "down_proj")]
+    kinds = {m.path: m.kind for m in report.modules}
+    assert all(kinds[p] == "lora_w" for p in refusal.judged_by)
+    assert kinds["model.layers.0.mlp"] == "mlp"
+    assert "refused" in report.table() and "1 modules refused" in report.note
+
+
+def test_by_layer_judges_an_undeclared_family_by_its_modules():
+    model = tiny_llama()
+    model.config.model_type = "toy_undeclared"  # the attention modules share this config
+    report = gradscope.check_model(model, by="layer", end_to_end=False)
+    assert report.passed, report.table()
+    assert [r.path for r in report.refused] == ["model.layers.0", "model.layers.1"]
+    assert all("declared by no model family" in r.reason for r in report.refused)
+    assert {m.kind for m in report.modules} == {"qkv", "lora_w", "mlp"}
+
+
+class V1WithoutSaying(gradscope.QuantLinear):
+    """A base that stores v1 zero points and carries no attribute saying so."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        del self.zero_format
+
+
+def test_a_linear_judged_by_nothing_is_named():
+    model = tiny_llama()
+    model.model.layers[0].self_attn.o_proj = lora(quant(128, 128, group=32,
+                                                        cls=V1WithoutSaying), r=4, alpha=8.0)
+    with pytest.raises(gradscope.GradscopeInputError,
+                       match=r"1 LoRA modules could not be judged at all:\n"
+                             r"  model.layers.0.self_attn.o_proj: .*zero_format"):
+        gradscope.check_model(model, end_to_end=False)
+    report = gradscope.check_model(model, end_to_end=False, raise_on_failure=False)
+    assert [r.path for r in report.unjudged] == ["model.layers.0.self_attn.o_proj"]
+    assert "NOT JUDGED" in report.table()
+    assert len(report.modules) == 5  # the rest of the model was judged
 
 
 @pytest.fixture
