@@ -76,9 +76,10 @@ has_step gpu_whole && run gpu_whole python3 scripts/peak-rss.py "$BUILD_DIR/grad
   --suite gpu --device cuda --json "$OUT/gpu_whole.json"
 if has_step bugs; then
   # The third-party bugs (tests/python/third_party_bugs.py, tail_and_pair_bugs.py) through the
-  # Python package, every run on CUDA: each must fail, the correct namespace pass.
+  # Python package, every run on CUDA (tests/python/test_third_party_bugs.py): each must fail,
+  # the correct namespace pass.
   PYTHONPATH=$PWD/$BUILD_DIR/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH} run bugs_cuda \
-    python3 tests/python/third_party_bugs.py cases --device cuda
+    python3 -m pytest -q tests/python/test_third_party_bugs.py --device cuda
 fi
 if has_step fsdp; then
   # NCCL, one GPU per rank: the cases of world size 2 and the FSDP2 test need two GPUs

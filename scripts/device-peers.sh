@@ -16,7 +16,7 @@
 #   foak_model   check_model on a small Llama patched by fms-acceleration-foak's own plugin
 #                rules (tests/python/foak_model.py)
 #   model_7b     check_model on a Llama-2-7B-shaped layer, by module, by layer and end to end
-#                (tests/python/check_model_llama.py --device cuda --shape 7b)
+#                (tests/python/test_model_llama.py --device cuda --shape 7b)
 # all on CUDA (foak_model and model_7b are not in the default STEPS).
 set -uo pipefail
 OUT=${1:?usage: device-peers.sh OUTDIR}
@@ -89,7 +89,9 @@ for step in $steps; do
     ((left > 20)) || { echo "== $step: skipped, out of time" | tee -a "$OUT/summary.log"; status=1; continue; }
     start=$SECONDS
     script=(tests/python/foak_model.py)
-    [[ $step == model_7b ]] && script=(tests/python/check_model_llama.py --device cuda --shape 7b)
+    # -s: the log keeps each check_model call's wall time and table.
+    [[ $step == model_7b ]] &&
+      script=(-m pytest -q -s tests/python/test_model_llama.py --device cuda --shape 7b)
     PYTHONPATH=$PYTHONPATH:$PWD/tests/python timeout -k 5 "$((left < 300 ? left : 300))" \
       python3 "${script[@]}" >"$OUT/$step.log" 2>&1
     rc=$?

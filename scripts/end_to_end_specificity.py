@@ -1,16 +1,17 @@
 """End to end on correct models across seeds (docs/verification.md, "End to end").
 
-The 4-layer Llama of tests/python/check_model_llama.py (small shape), held in fp16, over bases
-that use another GEMM layout (TransposedGemm: correct, rounding differently from the baseline on
-the CPU), seeds 1-8 (the model's initialisation and the token ids). Prints, per seed, the
-verdict and the largest err/limit of the gradient checks and of the per-token loss.
+The 4-layer Llama of tests/python/test_model_llama.py (lora_models.llama_r16, small shape), held
+in fp16, over bases that use another GEMM layout (TransposedGemm: correct, rounding differently
+from the baseline on the CPU), seeds 1-8 (the model's initialisation and the token ids).
+Prints, per seed, the verdict and the largest err/limit of the gradient checks and of the
+per-token loss.
 Run: PYTHONPATH=build/python:tests/python python3 scripts/end_to_end_specificity.py
 """
 import torch
-import check_model_llama as t
+from lora_models import TransposedGemm, llama_r16
 import gradscope
 for seed in range(1, 9):
-    model = t.build(dtype=torch.float16, base=t.TransposedGemm, seed=seed)[0]
+    model = llama_r16(dtype=torch.float16, base=TransposedGemm, seed=seed)
     r = gradscope.check_model(model, dtypes=["fp16"], end_to_end=True, seed=seed,
                               raise_on_failure=False)
     checks = r.modules[-1].cases[0].checks

@@ -1,5 +1,6 @@
-"""Fixtures the Python tests share: the repository's case files and test data, and the build's
-programs (CTest names them in GRADSCOPE_BINARY and GRADSCOPE_OPS_LIBRARY; else build/)."""
+"""Fixtures the Python tests share: the repository's case files and test data, the build's
+programs (CTest names them in GRADSCOPE_BINARY and GRADSCOPE_OPS_LIBRARY; else build/), and
+the device and model shape the tests that take them run on (--device, --shape)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,24 @@ import pytest
 pytest_plugins = ["pytester"]
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Not the plugin's --gradscope-device: that one overrides the cases the plugin collects.
+    parser.addoption("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="where the tests that take a device run their models and cases")
+    parser.addoption("--shape", choices=("small", "7b"), default="small",
+                     help="test_model_llama.py's Llama: 4 small layers, or one of Llama-2-7B's")
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str:
+    return pytestconfig.getoption("--device")
+
+
+@pytest.fixture(scope="session")
+def shape(pytestconfig: pytest.Config) -> str:
+    return pytestconfig.getoption("--shape")
 
 
 @pytest.fixture(scope="session")

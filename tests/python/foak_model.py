@@ -2,7 +2,7 @@
 fms-acceleration sections: what it finds per op, here per layer).
 
 Usage: foak_model.py   (CUDA; fms-acceleration and fms-acceleration-foak installed; gradscope and
-tests/python on PYTHONPATH). The model: check_model_llama.py's small Llama (4 layers, hidden 128,
+tests/python on PYTHONPATH). The model: test_model_llama.py's small Llama (4 layers, hidden 128,
 4 query heads over 2, MLP 352, vocabulary 64), LoRA r16 (alpha 32) on all seven projections
 over 4-bit group-32 GPTQ bases with v2 zero points (FOAK reads v1 zero points without their
 offset: docs/peers.md), fp16 throughout, adapters included (FOAK's fused ops compute in fp16;

@@ -1,6 +1,7 @@
 """Models as users build them for gradscope's Python tests: peft's GPTQ LoRA layer over a GPTQ
-QuantLinear, and a small LlamaForCausalLM with LoRA on all seven projections. Also factories
-for `python -m gradscope model lora_models:NAME`, and the tests' expectations of check_module."""
+QuantLinear, and LlamaForCausalLMs with LoRA on all seven projections (tiny_llama; llama_r16,
+also scripts/end_to_end_specificity.py's). Also factories for `python -m gradscope model
+lora_models:NAME`, and the tests' expectations of check_module."""
 import torch
 from peft.tuners.lora import LoraConfig
 from peft.tuners.lora.gptq import GPTQLoraLinear
@@ -72,6 +73,48 @@ def with_own_weights(model, seed=11):
             if "lora_B" in name:
                 t.copy_(torch.randn(t.shape, generator=g) * 0.05)
     return model
+
+
+LLAMA_SHAPES = {"small": dict(hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                              num_key_value_heads=2, num_hidden_layers=4, group=32),
+                "7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                           num_key_value_heads=32, num_hidden_layers=1, group=128)}
+
+
+class TransposedGemm(gradscope.QuantLinear):
+    """A correct base that rounds differently: x Wᵀ from W [out, in] (another GEMM layout)."""
+
+    def forward(self, x):
+        w = torch.ops.gradscope.dequantize(self.qweight, self.qzeros, self.scales, self.g_idx,
+                                           self.bits, self.zero_format, x.dtype)
+        return torch.nn.functional.linear(x, w.t().contiguous())
+
+
+def llama_r16(shape="small", dtype=torch.float32, base=gradscope.QuantLinear, seed=0,
+              last_o_proj=GPTQLoraLinear):
+    """A LlamaForCausalLM of LLAMA_SHAPES[shape] (vocabulary 64) held in `dtype`, on the CPU,
+    with LoRA r16 (alpha 32) on all seven projections over 4-bit `base`s (group 32 small, 128
+    7b) and weights of its own (with_own_weights); the last layer's o_proj is a `last_o_proj`.
+    The same model for the same seed."""
+    shape = dict(LLAMA_SHAPES[shape])
+    group = shape.pop("group")
+    config = LlamaConfig(vocab_size=64, **shape)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    kv = hidden // config.num_attention_heads * config.num_key_value_heads
+    sizes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+             "o_proj": (hidden, hidden), "gate_proj": (hidden, inter),
+             "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    torch.manual_seed(seed)  # transformers' and peft's initialisation: the same model every run
+    model = LlamaForCausalLM(config).to(dtype)  # the adapters stay fp32, as peft keeps them
+    last = len(model.model.layers) - 1
+    for i, layer in enumerate(model.model.layers):
+        for parent in (layer.self_attn, layer.mlp):
+            for name, (n_in, n_out) in sizes.items():
+                if hasattr(parent, name):
+                    cls = last_o_proj if i == last and name == "o_proj" else GPTQLoraLinear
+                    setattr(parent, name, lora(quant(n_in, n_out, group=group, cls=base), r=16,
+                                               alpha=32.0, cls=cls))
+    return with_own_weights(model)
 
 
 def tiny_llama_trained():

@@ -1,7 +1,8 @@
 """Plausible bugs of a third party's LoRA kernels, none of them in gradscope's fault list, each
-registered as its own namespace over tests/python/plain_torch_impl.py's correct code. The
-gate must fail every one (CTest third_party_bugs_caught), and the tail and type-pair bugs of
-tests/python/tail_and_pair_bugs.py too:
+registered as its own namespace over tests/python/plain_torch_impl.py's correct code
+(`python -m gradscope run ... --impl BUG --import third_party_bugs`). The gate must fail every
+one, and the tail and type-pair bugs of tests/python/tail_and_pair_bugs.py too
+(tests/python/test_third_party_bugs.py, CTest third_party_bugs_caught):
 
   no_dropout_rescale  the dropout mask applied without the 1 / (1 - p) rescale
   ignore_rslora       alpha / r even when rsLoRA asks for alpha / sqrt(r)
@@ -18,6 +19,8 @@ tests/python/tail_and_pair_bugs.py too:
                       significand is finer than bf16's, so it passes ordinary values (the smoke
                       lora_w and mlp files) and fails where bf16 holds what fp16 cannot: values
                       of 1e-6 (smoke/range_small_values.toml)
+
+`third_party_bugs.py --survey FILE...` prints which files catch each tail and pair bug.
 """
 import math
 
@@ -85,60 +88,16 @@ for bug in BUGS:
     _libraries.append(lib)
 
 
-def _gradscope(impl, module, files, *extra):
+def gradscope_run(impl, module, files, *extra):
+    """`python -m gradscope run FILES --quiet --impl IMPL --import MODULE EXTRA...`: the process
+    and its summary line (its error where it has none)."""
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "gradscope", "run", *files, "--quiet", "--impl", impl,
-                        "--import", module, *extra], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "gradscope", "run", *files, "--quiet", "--impl",
+                        impl, "--import", module, *extra], capture_output=True, text=True)
     summary = [line for line in p.stdout.splitlines() if " passed, " in line][-1:]
     return p, summary[0] if summary else p.stderr.strip()
-
-
-def smoke_files(cases_dir, first=()):
-    """Every smoke file, those named in `first` ahead (the run stops at the first failure)."""
-    import glob
-    import os
-
-    files = sorted(glob.glob(os.path.join(cases_dir, "smoke", "*.toml")))
-    ahead = [f for f in files if os.path.basename(f).startswith(tuple(first))]
-    return ahead + [f for f in files if f not in ahead]
-
-
-def main(cases_dir, device_args=()):
-    """Runs each bug over the smoke files and requires exit 1 (a check failed); device_args
-    (["--device", "cuda"]) are passed to every run."""
-    import os
-
-    def smoke(*names):
-        return [os.path.join(cases_dir, "smoke", f + ".toml") for f in names]
-
-    files = smoke("lora_w", "lora_w_variants", "mlp_formats", "realistic_lora",
-                  "range_adapter_grads")
-    runs = [(bug, "third_party_bugs", files, 1, ()) for bug in BUGS if bug != "bf16_via_fp16"]
-    # Continuous inputs hide it (the MLP's h is no such input: its fp16/bf16 products underflow
-    # to exact zeros, and the files above catch the bug there)...
-    runs.append(("mask_from_zeros", "third_party_bugs", smoke("lora_w", "qkv"), 0, ()))
-    # ... and activations with exact zeros show it.
-    runs.append(("mask_from_zeros", "third_party_bugs", smoke("range_zero_inputs"), 1, ()))
-    # Ordinary bf16 values hide an fp16 intermediate; values below fp16's range show it.
-    runs.append(("bf16_via_fp16", "third_party_bugs", smoke("lora_w", "mlp"), 0, ()))
-    runs.append(("bf16_via_fp16", "third_party_bugs", smoke("range_small_values"), 1, ()))
-    # The tail and type-pair bugs: the whole smoke suite, stopping at the first failing case,
-    # and the same implementation without a bug passes the files written for them.
-    import tail_and_pair_bugs
-
-    new_files = smoke_files(cases_dir, first=("pairs_", "tails_"))
-    for bug in tail_and_pair_bugs.BUGS:
-        runs.append((bug, "tail_and_pair_bugs", new_files, 1, ("--fail-fast",)))
-    runs.append(("tail_and_pair_correct", "tail_and_pair_bugs",
-                 [f for f in new_files if os.path.basename(f).startswith(("pairs_", "tails_"))],
-                 0, ()))
-    for bug, module, run_files, expected, extra in runs:
-        p, summary = _gradscope(bug, module, run_files, *extra, *device_args)
-        print(f"{bug} over {len(run_files)} files: exit {p.returncode} (expected {expected}); "
-              f"{summary}")
-        assert p.returncode == expected, p.stdout + p.stderr
 
 
 def survey(files):
@@ -150,7 +109,7 @@ def survey(files):
     for bug in tail_and_pair_bugs.BUGS:
         caught = []
         for f in files:
-            p, summary = _gradscope(bug, "tail_and_pair_bugs", [f])
+            p, summary = gradscope_run(bug, "tail_and_pair_bugs", [f])
             name = os.path.basename(f)
             print(f"{bug:24s} {name:28s} exit {p.returncode}  {summary}", flush=True)
             if p.returncode == 1:
@@ -162,7 +121,7 @@ def survey(files):
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) > 2 and sys.argv[1] == "--survey":
-        survey(sys.argv[2:])
-    else:
-        main(sys.argv[1], sys.argv[2:])
+    if len(sys.argv) < 3 or sys.argv[1] != "--survey":
+        sys.exit("usage: third_party_bugs.py --survey FILE...  (the gate's tests: "
+                 "python3 -m pytest tests/python/test_third_party_bugs.py)")
+    survey(sys.argv[2:])
