@@ -92,9 +92,14 @@ if has_step fsdp; then
     # for NCCL's 120 s watchdog and then its abort (about 3 minutes), which would starve the steps
     # after it of the call's time.
     NCCL_DEBUG=${NCCL_DEBUG:-WARN} run fsdp_cuda timeout -k 10 "${FSDP_SECONDS:-100}" "$BUILD_DIR/gradscope" run --suite fsdp --device cuda --filter '*.w2.*' --json "$OUT/fsdp_cuda.json"
-    run fsdp2_python_cuda python3 tests/python/fsdp2_quant_linear.py "$BUILD_DIR/kernels/libgradscope_ops.so" tests/data/tiny-gptq-v1-act cuda
+    # -s: the log keeps whether fully_shard takes the int32 words as parameters. -p no:gradscope
+    # (here and for ops_from_python): the package's pytest plugin would register the ops first.
+    run fsdp2_python_cuda env GRADSCOPE_OPS_LIBRARY="$PWD/$BUILD_DIR/kernels/libgradscope_ops.so" \
+      python3 -m pytest -p no:gradscope -q -s tests/python/test_fsdp2_quant_linear.py --device cuda
   fi
-  run ops_from_python python3 tests/python/ops_from_python.py "$BUILD_DIR/kernels/libgradscope_ops.so" "$BUILD_DIR/gradscope" tests/data/tiny-gptq-v1-act "$OUT/ops_scratch"
+  run ops_from_python env GRADSCOPE_OPS_LIBRARY="$PWD/$BUILD_DIR/kernels/libgradscope_ops.so" \
+    GRADSCOPE_BINARY="$PWD/$BUILD_DIR/gradscope" python3 -m pytest -p no:gradscope -q \
+    tests/python/test_ops_from_python.py
   # One rank's peak host and GPU memory loading a 70B layer whole vs shard by shard.
   run shard_load_cuda "$BUILD_DIR/gradscope_shard_load_bench" --device cuda --world 1,2,4,8 --json "$OUT/shard_load_cuda.json"
 fi

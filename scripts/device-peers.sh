@@ -14,7 +14,7 @@
 #                "gptq_v2" added to each file: the files keep v1, where fms fails every case)
 #   peft_gpu     peft over PEER_GPU_FILES (less the dequant files: peft has no dequantize)
 #   foak_model   check_model on a small Llama patched by fms-acceleration-foak's own plugin
-#                rules (tests/python/foak_model.py)
+#                rules (tests/python/test_foak_model.py)
 #   model_7b     check_model on a Llama-2-7B-shaped layer, by module, by layer and end to end
 #                (tests/python/test_model_llama.py --device cuda --shape 7b)
 # all on CUDA (foak_model and model_7b are not in the default STEPS).
@@ -88,12 +88,13 @@ for step in $steps; do
     # timeout 0 would mean no bound at all
     ((left > 20)) || { echo "== $step: skipped, out of time" | tee -a "$OUT/summary.log"; status=1; continue; }
     start=$SECONDS
-    script=(tests/python/foak_model.py)
     # -s: the log keeps each check_model call's wall time and table.
+    script=(-m pytest -q -s tests/python/test_foak_model.py)
     [[ $step == model_7b ]] &&
       script=(-m pytest -q -s tests/python/test_model_llama.py --device cuda --shape 7b)
-    PYTHONPATH=$PYTHONPATH:$PWD/tests/python timeout -k 5 "$((left < 300 ? left : 300))" \
-      python3 "${script[@]}" >"$OUT/$step.log" 2>&1
+    # GRADSCOPE_REQUIRE_CUDA: no GPU or no FOAK fails test_foak_model.py instead of skipping it.
+    GRADSCOPE_REQUIRE_CUDA=1 PYTHONPATH=$PYTHONPATH:$PWD/tests/python \
+      timeout -k 5 "$((left < 300 ? left : 300))" python3 "${script[@]}" >"$OUT/$step.log" 2>&1
     rc=$?
     echo "== $step: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.log"
     ((rc == 0)) || status=1 ;;

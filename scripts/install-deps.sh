@@ -22,7 +22,7 @@ PY_PACKAGES=(h5py==3.16.0 safetensors==0.8.0 pybind11==3.1.0 scikit-build-core==
              transformers==5.24.0 peft==0.21.2 allpairspy==2.5.1 pytest==9.2.0
              scipy-openblas32==0.3.34.481.3 mypy==2.4.1)
 # GPTQModel's torch QuantLinear is the GPTQ base the real-stack test loads through transformers
-# and optimum (tests/python/gptqmodel_stack.py). Its declared requirements pin numpy 2.2.6
+# and optimum (tests/python/test_gptqmodel_stack.py). Its declared requirements pin numpy 2.2.6
 # (torch's wheel here runs with 2.4.6) and pull in its quantization tools (datasets, pyarrow,
 # torchao, maturin), which loading and training through its QuantLinear do not import; so it
 # and exactly what that path imports are installed without their dependencies, each pinned.

@@ -1,18 +1,23 @@
 """PyTorch's own FSDP2 (`fully_shard`) trains a model whose GPTQ layers keep their packed
 words as frozen float-view parameters and compute through the project's registered ops
-(torch.ops.gradscope.lora_w); 2 ranks, Gloo on CPUs or NCCL on 2 GPUs.
+(torch.ops.gradscope.lora_w); 2 ranks, Gloo on CPUs (--device cpu) or NCCL on 2 GPUs
+(--device cuda).
 
-Usage: fsdp2_quant_linear.py OPS_LIBRARY FIXTURE_DIR [cpu|cuda]
 For 3 AdamW steps the adapter gradients of the sharded run match an unsharded run of the same
 model on the whole batch (each rank takes half the batch; FSDP2 averages), and the packed
-words gathered from the shards after training are bit for bit the checkpoint's. Also
-reports whether fully_shard accepts the words as int32 parameters directly.
+words gathered from the shards after training are bit for bit the checkpoint's, with the words
+viewed as fp32 and as bf16. Also reports whether fully_shard accepts the words as int32
+parameters directly.
 """
-import gc
-import os
-import sys
-import tempfile
+from __future__ import annotations
 
+import gc
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,12 +26,17 @@ from safetensors.torch import load_file
 WORLD = 2
 STEPS = 3
 MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj")
+VIEWS = (torch.float32, torch.bfloat16)
+
+Tensors = Dict[str, torch.Tensor]
+Grads = List[Dict[str, torch.Tensor]]
 
 
 class QuantLoraLinear(torch.nn.Module):
     """qweight, qzeros, scales, g_idx as frozen parameters of `view_dtype` (bit-exact views)."""
 
-    def __init__(self, tensors, module, view_dtype, bits, fmt, rank=4, alpha=8.0, seed=0):
+    def __init__(self, tensors: Tensors, module: str, view_dtype: Optional[torch.dtype],
+                 bits: int, fmt: str, rank: int = 4, alpha: float = 8.0, seed: int = 0):
         super().__init__()
         for name in ("qweight", "qzeros", "g_idx"):
             words = tensors[f"{module}.{name}"].contiguous()
@@ -40,28 +50,30 @@ class QuantLoraLinear(torch.nn.Module):
         self.lora_B = torch.nn.Parameter(torch.randn(n, rank, generator=g) * 0.1)
         self.bits, self.fmt, self.alpha = bits, fmt, alpha
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         proj = [self.qweight, self.qzeros, self.scales, self.g_idx, self.lora_A, self.lora_B]
         return torch.ops.gradscope.lora_w(x, proj, self.bits, self.fmt, self.alpha, False)
 
 
-def make_model(library, fixture, view_dtype):
+def make_model(library: str, fixture: str,
+               view_dtype: Optional[torch.dtype]) -> Tuple[torch.nn.Sequential, Tensors]:
     torch.ops.load_library(library)
     tensors = load_file(os.path.join(fixture, "model.safetensors"))
-    import json
-    config = json.load(open(os.path.join(fixture, "quantize_config.json")))
+    with open(os.path.join(fixture, "quantize_config.json")) as f:
+        config = json.load(f)
     layers = [QuantLoraLinear(tensors, m, view_dtype, config["bits"], config["checkpoint_format"],
                               seed=i) for i, m in enumerate(MODULES)]
     return torch.nn.Sequential(*layers), tensors
 
 
-def batches(device):
+def batches(device: torch.device) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(8, 64, generator=g).to(device), torch.randn(8, 64, generator=g).to(device))
-            for _ in range(STEPS)]
+    return [(torch.randn(8, 64, generator=g).to(device),
+             torch.randn(8, 64, generator=g).to(device)) for _ in range(STEPS)]
 
 
-def train(model, data, rank=None):
+def train(model: torch.nn.Module, data: List[Tuple[torch.Tensor, torch.Tensor]],
+          rank: Optional[int] = None) -> Grads:
     """AdamW steps; the loss is the mean over the rank's rows (FSDP2 averages over ranks)."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     grads = []
@@ -82,7 +94,8 @@ def train(model, data, rank=None):
     return grads
 
 
-def rank_main(rank, library, fixture, device_kind, out_dir):
+def rank_main(rank: int, library: str, fixture: str, device_kind: str, out_dir: str) -> None:
+    """One rank of the sharded run (mp.spawn's target); rank 0 saves what it found."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -94,7 +107,7 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
     # The mesh named explicitly: fully_shard's default mesh takes CUDA wherever a GPU is, and
     # the Gloo (CPU) run on a GPU machine then trained on cuda:0 against CPU batches.
     mesh = init_device_mesh(device_kind, (WORLD,))
-    report = {}
+    report: Dict[str, Any] = {}
     # Does fully_shard take int32 words as parameters directly?
     probe = None
     try:
@@ -105,7 +118,7 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
         report["int32_accepted"] = f"no: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     dist.barrier()
 
-    for view in (torch.float32, torch.bfloat16):
+    for view in VIEWS:
         model, tensors = make_model(library, fixture, view)
         model = model.to(device)
         for layer in model:
@@ -132,33 +145,56 @@ def rank_main(rank, library, fixture, device_kind, out_dir):
     dist.destroy_process_group()
 
 
-def main(library, fixture, device_kind="cpu"):
+@pytest.fixture(scope="module")
+def fixture(data_dir: str) -> str:
+    return os.path.join(data_dir, "tiny-gptq-v1-act")
+
+
+@pytest.fixture(scope="module")
+def library(ops_library: str) -> str:
+    """The ops library, loadable in this process (the unsharded run loads it here)."""
+    if hasattr(torch.ops.gradscope, "lora_w"):
+        # The gradscope package (imported by its pytest plugin, where installed) registered the
+        # namespace: loading the library as well would abort the process (one TORCH_LIBRARY).
+        pytest.skip("torch.ops.gradscope is registered by the gradscope package in this "
+                    "process: run this file with -p no:gradscope (as CTest does)")
+    return ops_library
+
+
+@pytest.fixture(scope="module")
+def sharded(library: str, fixture: str, device: str) -> Dict[str, Any]:
+    """What rank 0 of the 2-rank FSDP2 run found."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(rank_main, args=(library, fixture, device_kind, out_dir), nprocs=WORLD, join=True)
-        sharded = torch.load(os.path.join(out_dir, "sharded.pt"))
-    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+        mp.spawn(rank_main, args=(library, fixture, device, out_dir), nprocs=WORLD, join=True)
+        found: Dict[str, Any] = torch.load(os.path.join(out_dir, "sharded.pt"))
+    print("torch", torch.__version__, "device", device,
+          "| fully_shard with int32 words as parameters:", found["int32_accepted"])
+    return found
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=["fp32", "bf16"])
+def test_sharded_gradients_match_the_unsharded_run(sharded: Dict[str, Any], library: str,
+                                                   fixture: str, device: str,
+                                                   view: torch.dtype) -> None:
+    where = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    model, _ = make_model(library, fixture, view)
+    reference = train(model.to(where), batches(where))
+    got = sharded[str(view)]
+    assert len(got["grads"]) == len(reference) == STEPS
     failures = []
-    for view in (torch.float32, torch.bfloat16):
-        model, _ = make_model(library, fixture, view)
-        reference = train(model.to(device), batches(device))
-        got = sharded[str(view)]
-        for step, (want, have) in enumerate(zip(reference, got["grads"])):
-            for name in want:
-                try:
-                    torch.testing.assert_close(have[name], want[name], rtol=1e-4, atol=1e-6)
-                except AssertionError as e:
-                    failures.append(f"{view} step {step} {name}: {e}")
-        failures += [f"{view} {name}: packed words changed" for name, ok in got["words"].items()
-                     if not ok]
-        print(f"{view} view: {STEPS} steps, {len(reference[0])} adapter gradients a step, "
-              f"words intact: {all(got['words'].values())}")
-    print("torch", torch.__version__, "device", device_kind,
-          "| fully_shard with int32 words as parameters:", sharded["int32_accepted"])
-    if failures:
-        print("\n".join(failures))
-        sys.exit(1)
-    print("fsdp2_quant_linear: sharded gradients and packed words match the unsharded run")
+    for step, (want, have) in enumerate(zip(reference, got["grads"])):
+        for name in want:
+            try:
+                torch.testing.assert_close(have[name], want[name], rtol=1e-4, atol=1e-6)
+            except AssertionError as e:
+                failures.append(f"{view} step {step} {name}: {e}")
+    print(f"{view} view: {STEPS} steps, {len(reference[0])} adapter gradients a step")
+    assert not failures, "\n".join(failures)
 
 
-if __name__ == "__main__":
-    main(*sys.argv[1:4])
+@pytest.mark.parametrize("view", VIEWS, ids=["fp32", "bf16"])
+def test_packed_words_intact_after_training(sharded: Dict[str, Any], view: torch.dtype) -> None:
+    words = sharded[str(view)]["words"]
+    assert len(words) == 3 * len(MODULES)
+    changed = [f"{view} {name}: packed words changed" for name, ok in words.items() if not ok]
+    assert not changed, "\n".join(changed)
