@@ -1,6 +1,6 @@
-// A stack of seeded Llama decoder layers as the layer and training kinds build it: the
-// shape fields, their rules, each layer's projections and frozen norms, and the views
-// prod, the baseline and the reference take of them.
+// A stack of seeded decoder layers of a declared model family as the layer and training kinds
+// build it: the shape and family fields, their rules, each layer's projections and frozen
+// norms, and the views prod, the baseline and the reference take of them.
 #pragma once
 
 #include <vector>

@@ -1,6 +1,7 @@
-// kind = "layer": a stack of Llama decoder layers (RMSNorm, LoRA_QKV, RoPE, causal GQA
-// attention, LoRA_W, LoRA_MLP, residuals), checked layer by layer: each layer's output,
-// the gradient of its input hidden state and every adapter gradient.
+// kind = "layer": a stack of decoder layers of a declared model family (RMSNorm, LoRA_QKV,
+// RoPE, causal GQA attention, LoRA_W, LoRA_MLP, residuals, and the parts the family configures:
+// docs/model-families.md), checked layer by layer: each layer's output, the gradient of its
+// input hidden state and every adapter gradient.
 #include <ATen/ATen.h>
 
 #include <optional>
