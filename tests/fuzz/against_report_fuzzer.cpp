@@ -9,13 +9,13 @@
 #include <sstream>
 #include <string>
 
+#include "fuzz_scratch.h"
 #include "harness/common/input_error.h"
 #include "harness/verdict/regression_gate.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The gate reads a file: one scratch file per process, rewritten per input.
-  static const std::string path =
-      "/tmp/gradscope-fuzz-against-" + std::to_string(::getpid()) + ".json";
+  static const std::string path = gradscope::fuzzing::scratch_path("against", ".json");
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return 0;
   std::fwrite(data, 1, size, f);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fuzz_scratch.h"
 #include "harness/checkpoint/gptq_config.h"
 #include "harness/common/input_error.h"
 
@@ -28,7 +29,7 @@ void write(const std::string& path, const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A scratch checkpoint folder per process; both files get the input.
   static const std::string dir = [] {
-    const std::string d = "/tmp/gradscope-fuzz-config-" + std::to_string(::getpid());
+    const std::string d = gradscope::fuzzing::scratch_path("config");
     ::mkdir(d.c_str(), 0700);
     return d;
   }();

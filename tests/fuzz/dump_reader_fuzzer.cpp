@@ -8,12 +8,13 @@
 #include <sstream>
 #include <string>
 
+#include "fuzz_scratch.h"
 #include "reports/dump_tools.h"
 #include "reports/hdf5_dump.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // HDF5 reads files, not memory: one scratch file per process, rewritten per input.
-  static const std::string path = "/tmp/gradscope-fuzz-dump-" + std::to_string(::getpid()) + ".h5";
+  static const std::string path = gradscope::fuzzing::scratch_path("dump", ".h5");
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return 0;
   std::fwrite(data, 1, size, f);

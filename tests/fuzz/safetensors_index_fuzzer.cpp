@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fuzz_scratch.h"
 #include "harness/checkpoint/checkpoint_reader.h"
 #include "harness/common/input_error.h"
 
@@ -20,7 +21,7 @@ const char* kFiles[] = {"config.json", "quantize_config.json", "model-00001-of-0
 
 // A scratch checkpoint per process: links to the committed files, and the index written anew.
 std::string scratch_checkpoint() {
-  const std::string dir = "/tmp/gradscope-fuzz-index-" + std::to_string(::getpid());
+  const std::string dir = gradscope::fuzzing::scratch_path("index");
   ::mkdir(dir.c_str(), 0700);
   for (const char* f : kFiles) {
     const std::string source =

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_scratch.h"
 #include "harness/common/file_system.h"
 #include "harness/common/input_error.h"
 
@@ -26,7 +27,7 @@ const char* kTargets[] = {"..", ".", "../..", "missing.toml", "d", "x.toml", "/d
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string root = [] {
-    const std::string r = "/tmp/gradscope-fuzz-walk-" + std::to_string(::getpid());
+    const std::string r = gradscope::fuzzing::scratch_path("walk");
     ::mkdir(r.c_str(), 0700);
     return r;
   }();
