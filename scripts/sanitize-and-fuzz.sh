@@ -113,14 +113,15 @@ targets=(case_file dump_reader safetensors_header against_report checkpoint_conf
 start=$SECONDS
 # The fuzzers' scratch files go to a temporary folder of their own, which must be empty when
 # they are done (tests/fuzz/fuzz_scratch.h removes each at exit): a run leaves nothing behind.
+# (A fuzzer stopped by a finding skips that; its failure is what is reported then.)
 fuzz_tmp=$(mktemp -d "${TMPDIR:-/tmp}/gradscope-fuzz-tmp.XXXXXX")
+trap 'rm -rf "$fuzz_tmp"' EXIT
 fuzz_status=0
 (export TMPDIR=$fuzz_tmp && side_by_side fuzz "${targets[@]}") || fuzz_status=$?
+((fuzz_status == 0)) || exit "$fuzz_status"
 left=$(ls -A "$fuzz_tmp")
-rm -rf "$fuzz_tmp"
 if [[ -n $left ]]; then
   echo "sanitize-and-fuzz: the fuzzers left files in the temporary folder: $left"
   exit 1
 fi
-((fuzz_status == 0)) || exit "$fuzz_status"
 echo "sanitize-and-fuzz: fuzzers $((SECONDS - start)) s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 # test_pytest_plugin.py runs pytest within pytest.
 pytest_plugins = ["pytester"]
@@ -56,6 +57,23 @@ def gradscope_bin() -> str:
 @pytest.fixture(scope="session")
 def ops_library() -> str:
     return _built("GRADSCOPE_OPS_LIBRARY", os.path.join("kernels", "libgradscope_ops.so"))
+
+
+@pytest.fixture(scope="session")
+def loadable_ops_library(ops_library: str) -> str:
+    """The ops library, for a test that loads it into this process: where the gradscope package
+    (imported by its pytest plugin, where installed) registered the namespace, loading it as
+    well would abort the process (one TORCH_LIBRARY per namespace), so the test is skipped."""
+    if hasattr(torch.ops.gradscope, "lora_w"):
+        pytest.skip("torch.ops.gradscope is registered by the gradscope package in this "
+                    "process: run this file with -p no:gradscope (as CTest does)")
+    return ops_library
+
+
+@pytest.fixture(scope="session")
+def tiny_gptq(data_dir: str) -> str:
+    """The checkpoint `gradscope export` wrote into tests/data (4-bit, v1 zeros, act-order)."""
+    return os.path.join(data_dir, "tiny-gptq-v1-act")
 
 
 @pytest.fixture(scope="session")

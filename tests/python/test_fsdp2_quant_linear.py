@@ -146,19 +146,14 @@ def rank_main(rank: int, library: str, fixture: str, device_kind: str, out_dir: 
 
 
 @pytest.fixture(scope="module")
-def fixture(data_dir: str) -> str:
-    return os.path.join(data_dir, "tiny-gptq-v1-act")
+def fixture(tiny_gptq: str) -> str:
+    return tiny_gptq
 
 
 @pytest.fixture(scope="module")
-def library(ops_library: str) -> str:
-    """The ops library, loadable in this process (the unsharded run loads it here)."""
-    if hasattr(torch.ops.gradscope, "lora_w"):
-        # The gradscope package (imported by its pytest plugin, where installed) registered the
-        # namespace: loading the library as well would abort the process (one TORCH_LIBRARY).
-        pytest.skip("torch.ops.gradscope is registered by the gradscope package in this "
-                    "process: run this file with -p no:gradscope (as CTest does)")
-    return ops_library
+def library(loadable_ops_library: str) -> str:
+    """The ops library (the unsharded run loads it here)."""
+    return loadable_ops_library
 
 
 @pytest.fixture(scope="module")

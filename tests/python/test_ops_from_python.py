@@ -31,18 +31,13 @@ Format = Tuple[int, str]
 
 
 @pytest.fixture(scope="module")
-def fixture(data_dir: str) -> str:
-    return os.path.join(data_dir, "tiny-gptq-v1-act")
+def fixture(tiny_gptq: str) -> str:
+    return tiny_gptq
 
 
 @pytest.fixture(scope="module")
-def ops(ops_library: str) -> Any:
-    if hasattr(torch.ops.gradscope, "dequantize"):
-        # The gradscope package (imported by its pytest plugin, where installed) registered the
-        # namespace: loading the library as well would abort the process (one TORCH_LIBRARY).
-        pytest.skip("torch.ops.gradscope is registered by the gradscope package in this "
-                    "process: run this file with -p no:gradscope (as CTest does)")
-    torch.ops.load_library(ops_library)
+def ops(loadable_ops_library: str) -> Any:
+    torch.ops.load_library(loadable_ops_library)
     return torch.ops.gradscope
 
 

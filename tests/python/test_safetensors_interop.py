@@ -19,8 +19,8 @@ from safetensors.numpy import load_file, save_file
 
 
 @pytest.fixture(scope="module")
-def fixture(data_dir: str) -> str:
-    return os.path.join(data_dir, "tiny-gptq-v1-act")
+def fixture(tiny_gptq: str) -> str:
+    return tiny_gptq
 
 
 @pytest.fixture(scope="module")
